@@ -1,0 +1,87 @@
+"""The ``polar`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _engine_up(args: argparse.Namespace) -> int:
+    from nemo_polar.engine.launcher import EngineSpec, up
+
+    spec = EngineSpec(
+        model=args.model,
+        port=args.port,
+        host=args.host,
+        max_model_len=args.max_model_len,
+        tool_call_parser=args.tool_call_parser,
+    )
+    print(up(spec, timeout=args.timeout))
+    return 0
+
+
+def _engine_down(args: argparse.Namespace) -> int:
+    from nemo_polar.engine.launcher import down
+
+    stopped = down(args.port)
+    print("\n".join(f"stopped {url}" for url in stopped) or "no engine running")
+    return 0
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from nemo_polar.proxy.app import ProxyConfig, create_app
+
+    config = ProxyConfig(
+        engine_url=args.engine_url,
+        default_mode=args.mode,
+        record_dir=args.record_dir,
+        model_aliases=args.model_alias or [],
+        admin_token=args.admin_token,
+    )
+    app = create_app(config, api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polar", description="nemo_polar: agentic RL on any harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    engine = sub.add_parser("engine", help="start or stop the embedded vLLM engine")
+    esub = engine.add_subparsers(dest="action", required=True)
+    eup = esub.add_parser("up", help="start vLLM and wait until it is healthy")
+    eup.add_argument("--model", default="tiny-qwen3", help="tiny-qwen3, smollm2-135m-instruct or a model directory")
+    eup.add_argument("--port", type=int, default=8011)
+    eup.add_argument("--host", default="127.0.0.1")
+    eup.add_argument("--max-model-len", type=int)
+    eup.add_argument("--tool-call-parser", default="hermes", help="hermes or qwen3_coder")
+    eup.add_argument("--timeout", type=float, default=300.0)
+    eup.set_defaults(func=_engine_up)
+    edown = esub.add_parser("down", help="stop engines started with `polar engine up`")
+    edown.add_argument("--port", type=int)
+    edown.set_defaults(func=_engine_down)
+
+    proxy = sub.add_parser("proxy", help="serve the token-faithful model API proxy")
+    proxy.add_argument("--engine-url", required=True)
+    proxy.add_argument("--port", type=int, default=8100)
+    proxy.add_argument("--host", default="127.0.0.1")
+    proxy.add_argument("--mode", choices=["continuation", "chat", "chat_prefix"], default="continuation")
+    proxy.add_argument("--record-dir", type=Path)
+    proxy.add_argument("--model-alias", action="append", help="extra model name to accept (repeatable)")
+    proxy.add_argument("--api-key", help="pre-create one session with this API key")
+    proxy.add_argument("--admin-token", help="require this bearer token on /polar/* admin routes")
+    proxy.add_argument("--log-level", default="warning")
+    proxy.set_defaults(func=_proxy)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

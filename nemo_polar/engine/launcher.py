@@ -1,0 +1,210 @@
+"""Start and stop a real vLLM server for the project's models.
+
+The engine runs from its own virtualenv (``make setup`` builds it under ``$POLAR_CACHE/engine``); this
+module only builds the command line, spawns it in its own process group and waits for ``/health``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from nemo_polar.paths import cache_dir, run_dir
+
+# Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
+KNOWN_MODELS = {"tiny-qwen3": 32768, "smollm2-135m-instruct": 8192}
+
+
+def has_gpu() -> bool:
+    return (
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True, check=False).returncode == 0
+    )
+
+
+def engine_python() -> Path:
+    """The interpreter of the engine virtualenv (override with ``POLAR_ENGINE_PYTHON``)."""
+    override = os.environ.get("POLAR_ENGINE_PYTHON")
+    if override:
+        return Path(override)
+    flavour = "cuda" if has_gpu() else "cpu"
+    return cache_dir() / "engine" / f"vllm-{flavour}" / "bin" / "python"
+
+
+def resolve_model(model: str) -> tuple[Path, str, int | None]:
+    """``(directory, served name, max_model_len)`` for a known model name or a model directory."""
+    if model in KNOWN_MODELS:
+        path = cache_dir() / "models" / model
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model {model!r} is not built at {path}: run `make setup`")
+        return path, model, KNOWN_MODELS[model]
+    path = Path(model).expanduser().resolve()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{model!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a model directory")
+    return path, path.name, None
+
+
+@dataclass
+class EngineSpec:
+    model: str = "tiny-qwen3"
+    port: int = 8011
+    host: str = "127.0.0.1"
+    max_model_len: int | None = None
+    max_logprobs: int = 20
+    tool_call_parser: str = "hermes"
+    kv_cache_gib: int = 1
+    extra_args: list[str] = field(default_factory=list)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        path, name, default_len = resolve_model(self.model)
+        cmd = [
+            str(engine_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(path),
+            "--served-model-name",
+            name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-logprobs",
+            str(self.max_logprobs),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            self.tool_call_parser,
+        ]
+        max_len = self.max_model_len or default_len
+        if max_len:
+            cmd += ["--max-model-len", str(max_len)]
+        template = path / "chat_template.jinja"
+        if template.exists():
+            cmd += ["--chat-template", str(template)]
+        gpu = has_gpu()
+        if not gpu:
+            cmd.append("--enforce-eager")  # CPU: skip torch.compile, ready in ~20 s instead of ~60 s
+        cmd += self.extra_args
+        env = dict(os.environ)
+        env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+        if not gpu:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        return cmd, env
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class EngineProcess:
+    """A running vLLM server owned by this process (or adopted from a pid file)."""
+
+    def __init__(self, spec: EngineSpec, log_path: Path | None = None) -> None:
+        self.spec = spec
+        self.log_path = log_path or run_dir() / f"engine-{spec.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 300.0) -> str:
+        cmd, env = self.spec.command()
+        if not Path(cmd[0]).exists():
+            raise FileNotFoundError(f"engine interpreter {cmd[0]} not found: run `make setup`")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            wait_healthy(self.spec.url, timeout, self.proc, self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        return self.spec.url
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        stop_group(self.proc.pid, timeout)
+        self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_healthy(
+    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"vLLM exited with code {proc.returncode} before becoming healthy:\n{tail}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM at {url} not healthy after {timeout:.0f} s (log: {log})")
+
+
+def stop_group(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# -- detached engines for the `polar engine up|down` commands ------------------------------------------
+
+
+def _pid_file(port: int) -> Path:
+    return run_dir() / f"engine-{port}.json"
+
+
+def up(spec: EngineSpec, timeout: float = 300.0) -> str:
+    engine = EngineProcess(spec)
+    url = engine.start(timeout)
+    assert engine.proc is not None
+    _pid_file(spec.port).write_text(json.dumps({"pid": engine.proc.pid, "url": url, "model": spec.model}))
+    engine.proc = None  # detach: the server outlives this command
+    return url
+
+
+def down(port: int | None = None) -> list[str]:
+    files = [_pid_file(port)] if port else sorted(run_dir().glob("engine-*.json"))
+    stopped = []
+    for f in files:
+        if not f.exists():
+            continue
+        info = json.loads(f.read_text())
+        stop_group(int(info["pid"]))
+        f.unlink()
+        stopped.append(info["url"])
+    return stopped
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    print(" ".join(EngineSpec(model=sys.argv[1] if len(sys.argv) > 1 else "tiny-qwen3").command()[0]))

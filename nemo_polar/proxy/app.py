@@ -1,0 +1,379 @@
+"""The proxy's ASGI app: provider APIs for harnesses, an admin API for sessions and records."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.conversation import Conversation, ToolCall
+from nemo_polar.proxy.engine_client import EngineClient
+from nemo_polar.proxy.errors import ProxyError, error_response
+from nemo_polar.proxy.generation import KEEPALIVE, Generation, Plan, plan
+from nemo_polar.proxy.output import new_id
+from nemo_polar.proxy.parser import ParseEvent
+from nemo_polar.proxy.records import Api, CallRecord, Mode
+from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
+
+
+class ProxyConfig(BaseModel):
+    engine_url: str
+    default_mode: Mode = "continuation"
+    record_dir: Path | None = None
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    keepalive_s: float = Field(default=5.0, gt=0, description="SSE keep-alive interval while the engine is silent")
+    model_aliases: list[str] = Field(default_factory=list)
+    eot_token: str = "<|im_end|>"
+    admin_token: str | None = None
+
+
+PARSERS: dict[Api, Callable[[Any], Conversation]] = {
+    "chat": chat.parse,
+    "responses": responses.parse,
+    "anthropic": anthropic.parse,
+}
+TOOL_IDS: dict[Api, Callable[[], str]] = {
+    "chat": chat.new_tool_call_id,
+    "responses": responses.new_tool_call_id,
+    "anthropic": anthropic.new_tool_call_id,
+}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.sessions = SessionStore(config.record_dir)
+        self.engine = EngineClient(config.engine_url, eot_token=config.eot_token)
+
+    # -- auth and input -----------------------------------------------------------------------------
+    def authenticate(self, request: Request) -> Session:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        session = self.sessions.by_key(key) if key else None
+        if session is None:
+            raise ProxyError(
+                401,
+                "invalid API key: create a session with POST /polar/sessions and use its api_key",
+                code="invalid_api_key",
+            )
+        return session
+
+    async def read_body(self, request: Request) -> bytes:
+        cap = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > cap:
+            raise ProxyError(413, f"request body of {declared} bytes exceeds the proxy's limit of {cap} bytes")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > cap:
+                raise ProxyError(413, f"request body exceeds the proxy's limit of {cap} bytes")
+        return bytes(data)
+
+    def decode_body(self, raw: bytes, encoding: str) -> bytes:
+        encoding = encoding.lower()
+        if encoding in ("identity", ""):
+            return raw
+        if encoding not in ("gzip", "deflate"):
+            raise ProxyError(
+                415, f"unsupported Content-Encoding {encoding!r} (identity, gzip and deflate are accepted)"
+            )
+        try:
+            data = gzip.decompress(raw) if encoding == "gzip" else zlib.decompress(raw)
+        except (OSError, zlib.error) as exc:
+            raise ProxyError(400, f"body is not valid {encoding}: {exc}") from None
+        if len(data) > self.config.max_body_bytes:
+            raise ProxyError(
+                413, f"decompressed request body exceeds the proxy's limit of {self.config.max_body_bytes} bytes"
+            )
+        return data
+
+    @staticmethod
+    def parse_json(raw: bytes) -> Any:
+        if not raw.strip():
+            raise ProxyError(400, "request body is empty; expected a JSON object")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
+
+    async def check_model(self, name: str, session: Session) -> None:
+        info = await self.engine.info()
+        allowed = {info.model, *self.config.model_aliases, *session.config.model_aliases}
+        if name not in allowed:
+            raise ProxyError(
+                404,
+                f"model {name!r} is not served here; use one of {sorted(allowed)}",
+                code="model_not_found",
+                param="model",
+            )
+
+    # -- model calls --------------------------------------------------------------------------------
+    async def call(self, api: Api, request: Request) -> Response:
+        try:
+            session = self.authenticate(request)
+        except ProxyError as err:
+            return error_response(api, err)  # no session: nothing is created or recorded
+        record = CallRecord(
+            call_id=new_id("call-", 32),
+            session_id=session.id,
+            api=api,
+            mode=session.config.mode,
+            request=None,
+            started_at=time.time(),
+            policy_version=session.config.policy_version,
+        )
+        conv: Conversation | None = None
+        try:
+            raw = await self.read_body(request)
+            record.request = raw.decode("utf-8", errors="replace")  # kept verbatim until it parses
+            raw = self.decode_body(raw, request.headers.get("content-encoding", "identity"))
+            record.request = raw.decode("utf-8", errors="replace")
+            body = self.parse_json(raw)
+            record.request = body
+            conv = PARSERS[api](body)
+            await self.check_model(conv.model, session)
+            session.restore(conv)
+            the_plan = await plan(self.engine, session, conv)
+            record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
+            record.render_reason = the_plan.render_reason
+            record.sampling = the_plan.sampling
+            record.prompt_token_ids = list(the_plan.prompt_token_ids)
+            gen = Generation(self.engine, the_plan, conv, TOOL_IDS[api])
+            await gen.open()
+        except ProxyError as err:
+            await self.fail(session, record, err)
+            return error_response(api, err)
+        if conv.stream:
+            emitter = _emitter(api, conv, body)
+            return StreamingResponse(
+                self.stream(session, record, conv, gen, emitter), media_type="text/event-stream", headers=SSE_HEADERS
+            )
+        return await self.collect(api, session, record, conv, gen, body, the_plan)
+
+    async def collect(
+        self,
+        api: Api,
+        session: Session,
+        record: CallRecord,
+        conv: Conversation,
+        gen: Generation,
+        body: Any,
+        the_plan: Plan,
+    ) -> Response:
+        try:
+            async for _ in gen.events():
+                pass
+            out = gen.output
+            echo: list[str] = []
+            if api == "chat":
+                payload = chat.build_response(conv, out, new_id("chatcmpl-"))
+            elif api == "responses":
+                payload, echo = responses.build_response(conv, out, new_id("resp_"), body)
+            else:
+                payload = anthropic.build_response(conv, out, new_id("msg_"))
+            _complete(record, gen)
+            await self.commit(session, record, conv, gen, echo)
+            return JSONResponse(payload)
+        except ProxyError as err:
+            _capture(record, gen)
+            await self.fail(session, record, err)
+            return error_response(api, err)
+        finally:
+            await gen.close()
+
+    async def stream(
+        self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, emitter: Any
+    ) -> AsyncIterator[str]:
+        settled = False
+        try:
+            for frame in emitter.start():
+                yield frame
+            async for ev in gen.events(self.config.keepalive_s):
+                if ev is KEEPALIVE:
+                    yield emitter.keepalive()
+                    continue
+                for frame in _emit(emitter, ev):
+                    yield frame
+            _complete(record, gen)
+            await self.commit(session, record, conv, gen, emitter.echo_ids())  # durable before the final events
+            settled = True
+            for frame in emitter.finish(gen.output):
+                yield frame
+        except ProxyError as err:
+            _capture(record, gen)
+            await self.fail(session, record, err)
+            settled = True
+            for frame in emitter.error(err.message):
+                yield frame
+        except Exception as exc:  # a bug must still end the stream visibly and be recorded
+            _capture(record, gen)
+            await self.fail(session, record, ProxyError(500, f"proxy error: {exc!r}", code="proxy_error"))
+            settled = True
+            for frame in emitter.error(f"proxy error: {exc!r}"):
+                yield frame
+        finally:
+            if not settled:  # the harness went away mid-stream (cancellation): record synchronously
+                _capture(record, gen)
+                record.mark_failed("stream aborted before completion (client disconnected)", 499)
+                session.commit(record, None, None, [])
+                session.writer.append_sync(record)
+            with anyio.CancelScope(shield=True):
+                await gen.close()
+
+    async def commit(
+        self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, echo_ids: list[str]
+    ) -> None:
+        await session.writer.append(record)
+        session.commit(record, conv, gen.output.as_message(), echo_ids)
+
+    async def fail(self, session: Session, record: CallRecord, err: ProxyError) -> None:
+        record.mark_failed(err.message, err.status)
+        await session.writer.append(record)
+        session.commit(record, None, None, [])
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            self.authenticate(request)
+            raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
+            conv = anthropic.parse(self.parse_json(raw), count_only=True)
+            ids = await self.engine.tokenize_chat(conv.template_messages(), conv.template_tools(), {})
+        except ProxyError as err:
+            return error_response("anthropic", err)
+        return JSONResponse({"input_tokens": len(ids)})
+
+
+def _emitter(api: Api, conv: Conversation, body: Any) -> Any:
+    if api == "chat":
+        return chat.ChatStream(conv, new_id("chatcmpl-"))
+    if api == "responses":
+        return responses.ResponsesStream(conv, new_id("resp_"), body)
+    return anthropic.MessagesStream(conv, new_id("msg_"))
+
+
+def _emit(emitter: Any, ev: object) -> list[str]:
+    if isinstance(ev, ToolCall):
+        return emitter.tool_call(ev)
+    assert isinstance(ev, ParseEvent)
+    return emitter.reasoning(ev.text) if ev.kind == "reasoning" else emitter.text(ev.text)
+
+
+def _capture(record: CallRecord, gen: Generation) -> None:
+    cap = gen.capture
+    record.prompt_token_ids = cap.prompt_token_ids or record.prompt_token_ids
+    record.sampled_token_ids = list(cap.sampled_token_ids)
+    record.sampled_logprobs = list(cap.sampled_logprobs)
+    record.finish_reason = cap.finish_reason
+    record.output_text = cap.text
+
+
+def _complete(record: CallRecord, gen: Generation) -> None:
+    _capture(record, gen)
+    record.finished_at = time.time()
+    record.complete = True
+
+
+def create_app(
+    config: ProxyConfig, *, api_key: str | None = None, session_config: SessionConfig | None = None
+) -> FastAPI:
+    """Build the app; ``api_key`` pre-creates one session with that key (handy for running a CLI by hand)."""
+    proxy = Proxy(config)
+    if api_key:
+        proxy.sessions.create(session_config or SessionConfig(mode=config.default_mode), api_key=api_key)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.engine.aclose()
+
+    app = FastAPI(title="nemo_polar proxy", lifespan=lifespan)
+    app.state.proxy = proxy
+
+    def admin(request: Request) -> None:
+        token = config.admin_token
+        if token and request.headers.get("authorization", "") != f"Bearer {token}":
+            raise ProxyError(401, "admin API requires the admin token")
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(_: Request, err: ProxyError) -> JSONResponse:
+        return error_response("openai", err)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "sessions": len(proxy.sessions)}
+
+    @app.post("/polar/sessions")
+    async def create_session(request: Request) -> SessionCreated:
+        admin(request)
+        raw = await request.body()
+        data = json.loads(raw) if raw.strip() else {}
+        data.setdefault("mode", config.default_mode)
+        try:
+            cfg = SessionConfig.model_validate(data)
+        except ValueError as exc:
+            raise ProxyError(400, f"invalid session config: {exc}") from None
+        session = proxy.sessions.create(cfg)
+        return SessionCreated(session_id=session.id, api_key=session.api_key)
+
+    @app.get("/polar/sessions/{session_id}/records")
+    async def session_records(session_id: str, request: Request) -> JSONResponse:
+        admin(request)
+        session = proxy.sessions.get(session_id)
+        if session is None:
+            raise ProxyError(404, f"no session {session_id!r}")
+        return JSONResponse([r.model_dump(mode="json") for r in session.records])
+
+    @app.delete("/polar/sessions/{session_id}")
+    async def close_session(session_id: str, request: Request) -> dict[str, Any]:
+        admin(request)
+        session = proxy.sessions.close(session_id)
+        if session is None:
+            raise ProxyError(404, f"no session {session_id!r}")
+        return {"session_id": session_id, "closed": True, "records": len(session.records)}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        info = await proxy.engine.info()
+        names = [info.model, *config.model_aliases]
+        if request.headers.get("anthropic-version"):
+            data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
+            return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "nemo_polar"} for n in names],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await proxy.call("chat", request)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        return await proxy.call("responses", request)
+
+    @app.get("/v1/responses")
+    async def responses_websocket() -> Response:
+        # Codex probes a WebSocket transport on GET; a 404 makes it fall back to HTTP POST.
+        return error_response("openai", ProxyError(404, "WebSocket transport is not supported; use POST /v1/responses"))
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await proxy.call("anthropic", request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await proxy.count_tokens(request)
+
+    return app

@@ -1,0 +1,57 @@
+"""Errors with the HTTP status and the provider-shaped body each API's SDK expects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+# OpenAI error "type" per status; Anthropic has its own names.
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class ProxyError(Exception):
+    """A failure answered to the harness with ``status`` and a provider-shaped body."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def error_body(api: str, err: ProxyError) -> dict[str, Any]:
+    if api == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
+    kind = _OPENAI_TYPES.get(err.status, "server_error")
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+
+def error_response(api: str, err: ProxyError) -> JSONResponse:
+    return JSONResponse(error_body(api, err), status_code=err.status)
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
+    return ProxyError(400, message, param=param, code=code)

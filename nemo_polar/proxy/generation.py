@@ -1,0 +1,322 @@
+"""Plan the engine request for a call (per upstream mode) and run it, capturing exact ids and logprobs.
+
+``continuation`` (token-in/token-out): the prompt of a call that extends the session's previous call is
+``parent prompt + parent sampled ids + the canonical rendering of only the new messages``; the new part is
+cut from the engine's own render of the whole conversation (``/tokenize``), after as many end-of-turn
+tokens as the parent's context closed. The model thus conditions on exactly the tokens it sampled.
+
+``chat`` / ``chat_prefix``: the engine renders the conversation itself (``/v1/chat/completions``);
+``chat_prefix`` also sends the parent's exact ids the way NeMo-RL's vLLM server accepts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from nemo_polar.proxy.conversation import Conversation, ToolCall
+from nemo_polar.proxy.engine_client import EngineClient, sse_data
+from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.output import Output
+from nemo_polar.proxy.parser import ParseEvent, StreamParser
+from nemo_polar.proxy.records import SamplingUsed
+from nemo_polar.proxy.sessions import CallState, Session
+
+KEEPALIVE = object()
+
+
+@dataclass
+class Plan:
+    path: str
+    body: dict[str, Any]
+    sampling: SamplingUsed
+    parent: CallState | None = None
+    render_reason: str = ""
+    prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
+
+
+def sampling_for(conv: Conversation, session: Session) -> SamplingUsed:
+    pinned = session.config.sampling_overrides
+    asked = conv.sampling
+    max_tokens = asked.max_tokens
+    if pinned.max_tokens is not None:
+        max_tokens = pinned.max_tokens if max_tokens is None else min(max_tokens, pinned.max_tokens)
+    return SamplingUsed(
+        temperature=pinned.temperature if pinned.temperature is not None else asked.temperature,
+        top_p=pinned.top_p if pinned.top_p is not None else asked.top_p,
+        max_tokens=max_tokens,
+        stop=asked.stop,
+        seed=pinned.seed if pinned.seed is not None else asked.seed,
+    )
+
+
+def _sampling_body(s: SamplingUsed, top_k: int | None) -> dict[str, Any]:
+    body = {k: v for k, v in s.model_dump().items() if v is not None}
+    if top_k is not None:
+        body["top_k"] = top_k
+    return body
+
+
+def _nth_after(ids: list[int], token: int, n: int) -> int | None:
+    """Index just after the ``n``-th occurrence of ``token`` (n >= 1), or None."""
+    seen = 0
+    for i, t in enumerate(ids):
+        if t == token:
+            seen += 1
+            if seen == n:
+                return i + 1
+    return None
+
+
+async def plan(engine: EngineClient, session: Session, conv: Conversation) -> Plan:
+    info = await engine.info()
+    mode = session.config.mode
+    sampling = sampling_for(conv, session)
+    top_k = session.config.sampling_overrides.top_k or conv.sampling.top_k
+    tools = conv.template_tools() if conv.tool_choice != "none" else None
+    kwargs = session.config.chat_template_kwargs
+    parent, reason = session.find_parent(conv)
+    common = {"model": info.model, "stream": True, "stream_options": {"include_usage": True}}
+
+    if mode == "continuation":
+        full = await engine.tokenize_chat(conv.template_messages(), tools, kwargs)
+        prompt = full
+        if parent is not None:
+            prompt, reason = _continue(parent, full, info.eot_id)
+            if prompt is None:
+                parent, prompt = None, full
+        _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
+        body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **_sampling_body(sampling, top_k)}
+        return Plan("/v1/completions", {**body, **session.config.extra_body}, sampling, parent, reason, prompt)
+
+    messages = conv.template_messages()
+    body = {
+        **common,
+        "messages": messages,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+        **_sampling_body(sampling, top_k),
+    }
+    if tools:
+        body["tools"] = tools
+        body["tool_choice"] = _chat_tool_choice(conv.tool_choice)
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    if mode == "chat_prefix" and parent is not None:
+        # NeMo-RL's vLLM server splices these exact ids into its re-templated prompt; stock vLLM ignores them.
+        prefix = parent.record.prompt_token_ids + parent.record.sampled_token_ids
+        body["required_prefix_token_ids"] = prefix
+        last = max(i for i, m in enumerate(conv.messages) if m.role == "assistant")
+        messages[last]["prompt_token_ids"] = parent.record.prompt_token_ids
+        messages[last]["generation_token_ids"] = parent.record.sampled_token_ids
+    render_reason = f"engine_render:{reason}"
+    return Plan("/v1/chat/completions", {**body, **session.config.extra_body}, sampling, parent, render_reason)
+
+
+def _chat_tool_choice(choice: str) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _continue(parent: CallState, full: list[int], eot: int | None) -> tuple[list[int] | None, str]:
+    if eot is None:
+        return None, "no_single_end_of_turn_token"
+    rec = parent.record
+    closed = rec.prompt_token_ids.count(eot) + 1  # the parent's context turns + the parent's own turn
+    cut = _nth_after(full, eot, closed)
+    if cut is None or cut >= len(full):
+        return None, "delta_render_failed"
+    sampled = list(rec.sampled_token_ids)
+    if not sampled or sampled[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
+        sampled.append(eot)
+    return rec.prompt_token_ids + sampled + full[cut:], "continuation"
+
+
+def _check_context(prompt_len: int, max_tokens: int | None, max_len: int | None) -> None:
+    if max_len is None:
+        return
+    need = prompt_len + (max_tokens or 1)
+    if need > max_len:
+        raise ProxyError(
+            400,
+            f"This model's maximum context length is {max_len} tokens, but the request needs {need} "
+            f"({prompt_len} prompt tokens + {max_tokens or 1} max_tokens). Shorten the history or lower max_tokens.",
+            code="context_length_exceeded",
+        )
+
+
+@dataclass
+class Capture:
+    prompt_token_ids: list[int] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""
+    prompt_tokens: int = 0
+
+
+class Generation:
+    """One streamed engine call: yields parse events (and keep-alive markers) while capturing ids."""
+
+    def __init__(self, engine: EngineClient, the_plan: Plan, conv: Conversation, new_call_id: Any) -> None:
+        self.engine = engine
+        self.plan = the_plan
+        self.conv = conv
+        self.new_call_id = new_call_id
+        self.capture = Capture(prompt_token_ids=list(the_plan.prompt_token_ids))
+        self.parser = StreamParser(param_types=conv.param_type)
+        self.output = Output()
+        self._resp: httpx.Response | None = None
+        self._chat_calls: dict[int, dict[str, str]] = {}
+
+    async def open(self) -> None:
+        self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+
+    async def close(self) -> None:
+        if self._resp is not None:
+            await self._resp.aclose()
+            self._resp = None
+
+    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[object]:
+        assert self._resp is not None, "open() first"
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        done = object()
+
+        async def pump() -> None:
+            assert self._resp is not None
+            try:
+                async for chunk in sse_data(self._resp):
+                    await queue.put(chunk)
+                await queue.put(done)
+            except Exception as exc:  # handed to the consumer, which raises it in its own context
+                await queue.put(exc)
+
+        task = asyncio.create_task(pump())
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), keepalive_s) if keepalive_s else await queue.get()
+                except TimeoutError:
+                    yield KEEPALIVE
+                    continue
+                if item is done:
+                    break
+                if isinstance(item, httpx.HTTPError):
+                    raise ProxyError(502, f"engine connection lost mid-stream: {item!r}", code="engine_error")
+                if isinstance(item, Exception):
+                    raise item
+                assert isinstance(item, dict)
+                for ev in self._absorb(item):
+                    yield ev
+            for ev in self._parsed(self.parser.finish()):
+                yield ev
+            for ev in self._flush_chat_calls():
+                yield ev
+            self._finalise()
+        finally:
+            task.cancel()
+
+    # -- chunk handling -----------------------------------------------------------------------------
+    def _absorb(self, chunk: dict[str, Any]) -> list[object]:
+        cap = self.capture
+        if chunk.get("prompt_token_ids"):  # chat: top level, first chunk
+            cap.prompt_token_ids = list(chunk["prompt_token_ids"])
+        usage = chunk.get("usage")
+        if usage:
+            cap.prompt_tokens = usage.get("prompt_tokens", cap.prompt_tokens)
+        events: list[object] = []
+        for choice in chunk.get("choices") or []:
+            if choice.get("prompt_token_ids"):  # completions: on the first choice chunk
+                engine_prompt = list(choice["prompt_token_ids"])
+                if cap.prompt_token_ids and engine_prompt != cap.prompt_token_ids:
+                    raise ProxyError(502, "engine reports a different prompt than the one sent", code="prompt_mismatch")
+                cap.prompt_token_ids = engine_prompt
+            cap.sampled_token_ids.extend(choice.get("token_ids") or [])
+            cap.sampled_logprobs.extend(_logprobs(choice.get("logprobs")))
+            if choice.get("finish_reason"):
+                cap.finish_reason = choice["finish_reason"]
+            if "text" in choice:  # completions
+                text = choice.get("text") or ""
+            else:  # chat
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning:
+                    events.append(ParseEvent("reasoning", reasoning))
+                    self.output.reasoning += reasoning
+                for tc in delta.get("tool_calls") or []:
+                    slot = self._chat_calls.setdefault(int(tc.get("index", 0)), {"name": "", "arguments": ""})
+                    fn = tc.get("function") or {}
+                    slot["name"] += fn.get("name") or ""
+                    slot["arguments"] += fn.get("arguments") or ""
+                text = delta.get("content") or ""
+            if text:
+                cap.text += text
+                events.extend(self._parsed(self.parser.feed(text)))
+        return events
+
+    def _parsed(self, evs: list[ParseEvent]) -> list[object]:
+        out: list[object] = []
+        for ev in evs:
+            if ev.kind == "tool_call" and ev.call is not None:
+                tool = self.conv.tool(ev.call.name)
+                call = ToolCall(
+                    id=self.new_call_id(),
+                    name=ev.call.name,
+                    arguments=ev.call.arguments,
+                    kind=tool.kind if tool else "function",
+                )
+                self.output.tool_calls.append(call)
+                out.append(call)
+            elif ev.kind == "reasoning":
+                self.output.reasoning += ev.text
+                out.append(ev)
+            else:
+                self.output.content += ev.text
+                out.append(ev)
+        return out
+
+    def _flush_chat_calls(self) -> list[object]:
+        out: list[object] = []
+        for _, slot in sorted(self._chat_calls.items()):
+            tool = self.conv.tool(slot["name"])
+            call = ToolCall(
+                id=self.new_call_id(),
+                name=slot["name"],
+                arguments=slot["arguments"] or "{}",
+                kind=tool.kind if tool else "function",
+            )
+            self.output.tool_calls.append(call)
+            out.append(call)
+        self._chat_calls.clear()
+        return out
+
+    def _finalise(self) -> None:
+        cap = self.capture
+        if cap.finish_reason is None:
+            raise ProxyError(502, "engine stream ended without a finish reason", code="engine_stream_truncated")
+        if len(cap.sampled_logprobs) != len(cap.sampled_token_ids):
+            raise ProxyError(
+                502,
+                f"engine returned {len(cap.sampled_token_ids)} ids but {len(cap.sampled_logprobs)} logprobs",
+                code="logprobs_misaligned",
+            )
+        out = self.output
+        out.finish_reason = "tool_calls" if out.tool_calls and cap.finish_reason == "stop" else cap.finish_reason
+        if out.finish_reason not in ("stop", "length", "tool_calls"):
+            out.finish_reason = "stop"
+        out.prompt_tokens = len(cap.prompt_token_ids) or cap.prompt_tokens
+        out.completion_tokens = len(cap.sampled_token_ids)
+
+
+def _logprobs(lp: Any) -> list[float]:
+    if not lp:
+        return []
+    if "token_logprobs" in lp:  # completions
+        return [float(x) if x is not None else float("nan") for x in lp["token_logprobs"]]
+    return [float(entry["logprob"]) for entry in lp.get("content") or []]  # chat

@@ -1,0 +1,103 @@
+"""Call records: one per model call, appended durably to a per-session JSONL file.
+
+A record is written (and fsync'd) before the harness sees the end of the response, so the next call of the
+session, and every downstream consumer, can rely on it. A failed call is recorded with ``error`` set and is
+never confused with a complete one: ``complete`` is true only for a call whose sampled ids and logprobs
+came from a finished engine generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Api = Literal["chat", "responses", "anthropic"]
+Mode = Literal["continuation", "chat", "chat_prefix"]
+
+
+class SamplingUsed(BaseModel):
+    """The sampling parameters sent to the engine (after session overrides)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+
+
+class CallRecord(BaseModel):
+    call_id: str
+    session_id: str
+    api: Api
+    mode: Mode
+    request: Any = Field(description="the harness's original request body")
+    prompt_token_ids: list[int] = Field(default_factory=list, description="exactly what the engine was given")
+    sampled_token_ids: list[int] = Field(default_factory=list)
+    sampled_logprobs: list[float] = Field(default_factory=list)
+    finish_reason: str | None = None
+    parent_call_id: str | None = None
+    render_reason: str | None = None
+    policy_version: int | None = None
+    sampling: SamplingUsed | None = None
+    output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")
+    started_at: float
+    finished_at: float | None = None
+    status_code: int = 200
+    error: str | None = None
+    complete: bool = False
+
+    def mark_failed(self, message: str, status_code: int) -> CallRecord:
+        self.error = message
+        self.status_code = status_code
+        self.complete = False
+        self.finished_at = time.time()
+        return self
+
+
+class RecordWriter:
+    """Append-only JSONL writer for one session; every append is flushed and fsync'd."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = asyncio.Lock()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _append_sync(self, line: str) -> None:
+        assert self.path is not None
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append_sync(self, record: CallRecord) -> None:
+        """For paths that cannot await (a cancelled stream); one small write."""
+        if self.path is not None:
+            self._append_sync(record.model_dump_json() + "\n")
+
+    async def append(self, record: CallRecord) -> None:
+        if self.path is None:
+            return
+        line = record.model_dump_json() + "\n"
+        async with self._lock:
+            await asyncio.to_thread(self._append_sync, line)
+
+
+def read_records(path: Path) -> list[CallRecord]:
+    """Read a session's JSONL; a corrupt line raises with the file and line number."""
+    records: list[CallRecord] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(CallRecord.model_validate(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a valid call record: {exc}") from exc
+    return records

@@ -1,0 +1,147 @@
+"""Sessions: per-rollout API keys, configuration, call history and the replay map.
+
+The replay map lets the proxy recognise its own output when a harness echoes it back, however the harness
+re-serialised it (compact JSON arguments, parsed ``input`` objects, reasoning blobs): every id the proxy
+emitted for a call (tool-call ids, response item ids, reasoning signatures) points at that call, and the
+echoed assistant turn is replaced by the exact output recorded for it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
+from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter
+
+
+class SamplingOverrides(BaseModel):
+    """Pinned sampling parameters; ``max_tokens`` is a cap on what the harness asks for."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+
+
+class SessionConfig(BaseModel):
+    mode: Mode = "continuation"
+    sampling_overrides: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    model_aliases: list[str] = Field(default_factory=list, description="model names accepted besides the engine's")
+    policy_version: int | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every engine request")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    api_key: str
+
+
+@dataclass
+class CallState:
+    """What continuation needs about a finished call."""
+
+    record: CallRecord
+    history_fingerprint: str  # of the normalised request messages + tools
+    output: Message
+
+
+@dataclass
+class Session:
+    id: str
+    api_key: str
+    config: SessionConfig
+    writer: RecordWriter
+    created_at: float = field(default_factory=time.time)
+    closed: bool = False
+    records: list[CallRecord] = field(default_factory=list)
+    calls: dict[str, CallState] = field(default_factory=dict)
+    echo_index: dict[str, str] = field(default_factory=dict)  # emitted id -> call_id
+    text_index: dict[str, str] = field(default_factory=dict)  # text-only reply -> call_id
+
+    def restore(self, conv: Conversation) -> None:
+        """Replace echoed assistant turns the proxy produced by the exact recorded output."""
+        for i, msg in enumerate(conv.messages):
+            if msg.role != "assistant":
+                continue
+            call_id = next((self.echo_index[e] for e in msg.echo_ids if e in self.echo_index), None)
+            if call_id is None and not msg.tool_calls and msg.content:
+                call_id = self.text_index.get(msg.content)
+            state = self.calls.get(call_id) if call_id else None
+            if state is not None:
+                restored = state.output.model_copy(deep=True)
+                restored.source_call_id = call_id
+                conv.messages[i] = restored
+
+    def find_parent(self, conv: Conversation) -> tuple[CallState | None, str]:
+        """The call this request extends, or ``None`` and why the prompt must be rendered afresh."""
+        last = max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=None)
+        if last is None:
+            return None, "first_call" if not self.calls else "new_conversation"
+        source = conv.messages[last].source_call_id
+        if source is None:
+            return None, "assistant_turn_not_from_proxy"
+        parent = self.calls[source]
+        if not parent.record.complete or not parent.record.prompt_token_ids:
+            return None, "parent_incomplete"
+        if last == len(conv.messages) - 1:
+            return None, "no_new_messages"
+        if fingerprint(conv.messages[:last], conv.tools) != parent.history_fingerprint:
+            return None, "history_diverged"
+        return parent, "continuation"
+
+    def commit(
+        self, record: CallRecord, conv: Conversation | None, output: Message | None, echo_ids: list[str]
+    ) -> None:
+        self.records.append(record)
+        if not record.complete or conv is None or output is None:
+            return
+        self.calls[record.call_id] = CallState(record, fingerprint(conv.messages, conv.tools), output)
+        for ident in [*echo_ids, *(c.id for c in output.tool_calls)]:
+            self.echo_index[ident] = record.call_id
+        if output.content and not output.tool_calls:
+            self.text_index[output.content] = record.call_id
+
+
+class SessionStore:
+    def __init__(self, record_dir: Path | None) -> None:
+        self.record_dir = record_dir
+        self._by_id: dict[str, Session] = {}
+        self._by_key: dict[str, Session] = {}
+
+    def create(self, config: SessionConfig, *, api_key: str | None = None) -> Session:
+        session_id = f"sess-{uuid.uuid4().hex}"
+        key = api_key or f"polar-{secrets.token_urlsafe(24)}"
+        if key in self._by_key:
+            raise ValueError("api_key already belongs to a session")
+        path = self.record_dir / f"{session_id}.jsonl" if self.record_dir else None
+        session = Session(session_id, key, config, RecordWriter(path))
+        self._by_id[session_id] = session
+        self._by_key[key] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
+
+    def by_key(self, api_key: str) -> Session | None:
+        session = self._by_key.get(api_key)
+        return session if session is not None and not session.closed else None
+
+    def close(self, session_id: str) -> Session | None:
+        session = self._by_id.get(session_id)
+        if session is not None:
+            session.closed = True
+            self._by_key.pop(session.api_key, None)
+        return session
+
+    def __len__(self) -> int:
+        return len(self._by_id)

@@ -1,0 +1,127 @@
+"""Shared fixtures: one real vLLM engine per test session, and proxies served over real HTTP.
+
+Set ``POLAR_TEST_ENGINE_URL`` to reuse an engine that is already running (it must serve ``tiny-qwen3``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec
+from nemo_polar.proxy.app import ProxyConfig, create_app
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness_requests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """Run an ASGI app with uvicorn in a background thread on a free loopback port."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def _start_engine(model: str) -> Iterator[str]:
+    engine = EngineProcess(EngineSpec(model=model, port=free_port()))
+    try:
+        yield engine.start(timeout=600)
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def engine_url() -> Iterator[str]:
+    """The real vLLM engine serving tiny-qwen3 (random weights, real Qwen tokenizer)."""
+    if os.environ.get("POLAR_TEST_ENGINE_URL"):
+        yield os.environ["POLAR_TEST_ENGINE_URL"]
+        return
+    yield from _start_engine("tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_url() -> Iterator[str]:
+    """The real vLLM engine serving SmolLM2-135M-Instruct (real weights: real text)."""
+    yield from _start_engine("smollm2-135m-instruct")
+
+
+@dataclass
+class ProxyHandle:
+    url: str
+    record_dir: Path
+    app: FastAPI
+
+    def session(self, **config: Any) -> dict[str, str]:
+        resp = httpx.post(f"{self.url}/polar/sessions", json=config, timeout=10)
+        resp.raise_for_status()
+        return resp.json()
+
+    def records(self, session_id: str) -> list[dict[str, Any]]:
+        resp = httpx.get(f"{self.url}/polar/sessions/{session_id}/records", timeout=10)
+        resp.raise_for_status()
+        return resp.json()
+
+    def disk_records(self, session_id: str) -> list[dict[str, Any]]:
+        path = self.record_dir / f"{session_id}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def make_proxy(engine: str, tmp: Path, **config: Any) -> Iterator[ProxyHandle]:
+    cfg = ProxyConfig(engine_url=engine, record_dir=tmp, model_aliases=["local-model"], **config)
+    app = create_app(cfg)
+    with Server(app) as server:
+        yield ProxyHandle(server.url, tmp, app)
+
+
+@pytest.fixture(scope="session")
+def proxy(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyHandle]:
+    yield from make_proxy(engine_url, tmp_path_factory.mktemp("records"))
+
+
+def load_fixture(harness: str, name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / harness / name).read_text())
+
+
+def all_fixtures() -> list[tuple[str, str]]:
+    return sorted((p.parent.name, p.name) for p in FIXTURES.glob("*/*.json"))

@@ -1,0 +1,80 @@
+"""Sessions keep their records apart under concurrency; records are durable and complete; small endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from nemo_polar.proxy.records import read_records
+from tests.conftest import ProxyHandle
+
+
+@pytest.mark.anyio
+async def test_concurrent_sessions_never_mix_records(proxy: ProxyHandle) -> None:
+    sessions = [proxy.session(sampling_overrides={"max_tokens": 6}, metadata={"n": i}) for i in range(12)]
+
+    async def converse(i: int, session: dict[str, str]) -> None:
+        client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+        history = [{"role": "user", "content": f"session {i} says hello"}]
+        for turn in range(3):
+            stream = await client.chat.completions.create(model="local-model", messages=history, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            history += [{"role": "assistant", "content": text}, {"role": "user", "content": f"turn {turn} of {i}"}]
+        await client.close()
+
+    await asyncio.gather(*(converse(i, s) for i, s in enumerate(sessions)))
+    for i, session in enumerate(sessions):
+        records = proxy.records(session["session_id"])
+        assert len(records) == 3
+        assert all(r["session_id"] == session["session_id"] and r["complete"] for r in records)
+        assert all(f"session {i} says hello" in json.dumps(r["request"]) for r in records)
+        assert [r["render_reason"] for r in records] == ["first_call", "continuation", "continuation"]
+        assert records[1]["parent_call_id"] == records[0]["call_id"]
+        assert records[2]["parent_call_id"] == records[1]["call_id"]
+        on_disk = read_records(proxy.record_dir / f"{session['session_id']}.jsonl")
+        assert [r.model_dump(mode="json") for r in on_disk] == records
+
+
+def test_record_fields_and_timing(proxy: ProxyHandle) -> None:
+    session = proxy.session(policy_version=7, sampling_overrides={"max_tokens": 5, "temperature": 0.5, "top_p": 0.9})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    before = time.time()
+    client.chat.completions.create(
+        model="local-model", messages=[{"role": "user", "content": "x"}], temperature=1.7, max_tokens=99
+    )
+    [rec] = proxy.records(session["session_id"])
+    assert rec["policy_version"] == 7 and rec["api"] == "chat" and rec["mode"] == "continuation"
+    # pinned params win; max_tokens is a cap on what the harness asked for
+    assert rec["sampling"] == {"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": None, "seed": None}
+    assert rec["request"]["temperature"] == 1.7  # the original body, unchanged
+    assert before <= rec["started_at"] <= rec["finished_at"] <= time.time()
+    assert rec["call_id"].startswith("call-")
+
+
+def test_corrupt_record_line_names_file_and_line(tmp_path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"not": "a record"}\n')
+    with pytest.raises(ValueError, match=r"s\.jsonl:1: not a valid call record"):
+        read_records(path)
+
+
+def test_models_count_tokens_and_websocket_probe(proxy: ProxyHandle, engine_url: str) -> None:
+    models = httpx.get(f"{proxy.url}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["tiny-qwen3", "local-model"]
+    anth = httpx.get(f"{proxy.url}/v1/models", headers={"anthropic-version": "2023-06-01"}, timeout=10).json()
+    assert anth["data"][0]["type"] == "model" and anth["has_more"] is False
+    assert httpx.get(f"{proxy.url}/v1/responses", timeout=10).status_code == 404
+
+    session = proxy.session()
+    body = {"model": "local-model", "messages": [{"role": "user", "content": "hello there"}]}
+    resp = httpx.post(f"{proxy.url}/v1/messages/count_tokens?beta=true", json=body,
+                      headers={"x-api-key": session["api_key"]}, timeout=10)  # fmt: skip
+    expected = httpx.post(f"{engine_url}/tokenize", json={"model": "tiny-qwen3", "add_generation_prompt": True,
+                          "messages": body["messages"]}, timeout=10).json()["count"]  # fmt: skip
+    assert resp.json() == {"input_tokens": expected}
+    assert proxy.records(session["session_id"]) == []  # counting tokens is not a model call
