@@ -181,6 +181,20 @@ def fake_engine(behaviour: str) -> FastAPI:
         if behaviour == "500":
             return JSONResponse({"error": {"message": "EngineDeadError"}}, status_code=500)
 
+        if not body.get("stream"):
+            if behaviour == "die":
+                raise RuntimeError("engine worker died")  # the client sees a 500 and no body
+            ids = [1, 2, 3, 151645]
+            choice = {
+                "index": 0,
+                "text": "Hello",
+                "token_ids": ids,
+                "prompt_token_ids": body["prompt"],
+                "finish_reason": "stop",
+                "logprobs": {"token_logprobs": [-0.5] * 4},
+            }
+            return {"choices": [choice]}
+
         async def stream() -> Any:
             yield chunk("Hel", [1, 2], prompt=body["prompt"])
             if behaviour == "slow":
@@ -229,8 +243,9 @@ def test_engine_dying_mid_stream(faulty: ProxyHandle, stream: bool) -> None:
         else:
             client.chat.completions.create(**CHAT)
     [rec] = faulty.records(session["session_id"])
-    assert not rec["complete"] and rec["error"] and rec["finish_reason"] is None
-    assert rec["sampled_token_ids"] == [1, 2, 3]  # what arrived is kept, marked incomplete
+    assert not rec["complete"] and rec["error"] and rec["finish_reason"] is None and rec["status_code"] == 502
+    # what arrived is kept, marked incomplete
+    assert rec["sampled_token_ids"] == ([1, 2, 3] if stream else [])
     assert faulty.disk_records(session["session_id"]) == [rec]
 
 

@@ -146,7 +146,9 @@ class Proxy:
             conv = PARSERS[api](body)
             await self.check_model(conv.model, session)
             session.restore(conv)
+            t0 = time.perf_counter()
             the_plan = await plan(self.engine, session, conv)
+            record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
             record.sampling = the_plan.sampling

@@ -1,4 +1,8 @@
-"""Async client for the vLLM OpenAI-compatible server the proxy sits in front of."""
+"""Async client for the vLLM OpenAI-compatible server the proxy sits in front of.
+
+aiohttp (as NeMo Gym's servers use) rather than httpx: with hundreds of concurrent engine connections,
+httpcore's pool bookkeeping costs milliseconds of CPU per request, which is the proxy's whole budget.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from nemo_polar.proxy.errors import ProxyError
+
+# Errors raised when a pooled keep-alive connection was closed by the server just before reuse.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @dataclass
@@ -21,43 +28,83 @@ class EngineInfo:
 
 
 class EngineClient:
-    def __init__(self, base_url: str, *, eot_token: str = "<|im_end|>", max_connections: int = 512) -> None:
+    def __init__(self, base_url: str, *, eot_token: str = "<|im_end|>", max_connections: int = 1024) -> None:
         self.base_url = base_url.rstrip("/")
         self.eot_token = eot_token
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        # No read timeout: a long generation or a long prefill is normal; connect failures are fast.
-        self.http = httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=httpx.Timeout(None, connect=5.0))
+        self.max_connections = max_connections
+        self._http: aiohttp.ClientSession | None = None
         self._info: EngineInfo | None = None
         self._info_lock = asyncio.Lock()
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:  # created lazily: an aiohttp session belongs to the running event loop
+            # Idle connections are dropped before vLLM's server closes them (uvicorn: after 5 s). No read
+            # timeout: long prefills and generations are normal; connection failures surface fast.
+            connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=3.0)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
+            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        return self._http
 
-    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _unreachable(self, exc: Exception) -> ProxyError:
+        return ProxyError(502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable")
+
+    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST, once more if a pooled connection turned out closed before any response arrived."""
+        data = json.dumps(body, ensure_ascii=False).encode()
+        headers = {"Content-Type": "application/json"}
+        for attempt in range(2):
+            try:
+                return await self.http.post(self.base_url + path, data=data, headers=headers)
+            except _STALE as exc:
+                if attempt == 1:
+                    raise self._unreachable(exc) from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise self._unreachable(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await self._post(path, body)
         try:
-            resp = await self.http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise ProxyError(502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable") from exc
-        if resp.status_code != 200:
-            raise engine_error(resp.status_code, resp.text)
-        return resp.json()
+            text = await resp.text()
+        except aiohttp.ClientError as exc:
+            raise ProxyError(502, f"engine connection lost: {exc!r}", code="engine_error") from exc
+        finally:
+            resp.release()
+        if resp.status != 200:
+            raise engine_error(resp.status, text)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ProxyError(502, f"engine answered {path} with invalid JSON", code="engine_error") from None
+
+    async def open_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST a streaming request; returns the open response once the engine accepted it."""
+        resp = await self._post(path, body)
+        if resp.status != 200:
+            try:
+                text = await resp.text()
+            finally:
+                resp.release()
+            raise engine_error(resp.status, text)
+        return resp
 
     async def info(self) -> EngineInfo:
         async with self._info_lock:
             if self._info is None:
                 try:
-                    resp = await self.http.get("/v1/models")
-                    resp.raise_for_status()
-                except httpx.HTTPError as exc:
-                    raise ProxyError(
-                        502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable"
-                    ) from exc
-                card = resp.json()["data"][0]
-                ids = (
-                    await self._post_json(
-                        "/tokenize", {"model": card["id"], "prompt": self.eot_token, "add_special_tokens": False}
-                    )
-                )["tokens"]
+                    async with self.http.get(self.base_url + "/v1/models") as resp:
+                        resp.raise_for_status()
+                        card = (await resp.json())["data"][0]
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise self._unreachable(exc) from exc
+                eot = {"model": card["id"], "prompt": self.eot_token, "add_special_tokens": False}
+                ids = (await self.post_json("/tokenize", eot))["tokens"]
                 self._info = EngineInfo(card["id"], card.get("max_model_len"), ids[0] if len(ids) == 1 else None)
             return self._info
 
@@ -70,20 +117,7 @@ class EngineClient:
             body["tools"] = tools
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
-        return (await self._post_json("/tokenize", body))["tokens"]
-
-    async def open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST a streaming request; returns the open response once the engine accepted it."""
-        req = self.http.build_request("POST", path, json=body)
-        try:
-            resp = await self.http.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            raise ProxyError(502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable") from exc
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode(errors="replace")
-            await resp.aclose()
-            raise engine_error(resp.status_code, text)
-        return resp
+        return (await self.post_json("/tokenize", body))["tokens"]
 
 
 def engine_error(status: int, text: str) -> ProxyError:
@@ -98,21 +132,22 @@ def engine_error(status: int, text: str) -> ProxyError:
     return ProxyError(502, f"engine error {status}: {message[:500]}", code="engine_error")
 
 
-async def sse_data(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """Yield the JSON ``data:`` payloads of an SSE response until ``[DONE]``."""
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        payload = json.loads(data)
-        if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
-            err = payload["error"]
-            raise ProxyError(
-                502,
-                f"engine error mid-stream: {err.get('message') if isinstance(err, dict) else err}",
-                code="engine_error",
-            )
-        yield payload
+    try:
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            payload = json.loads(data)
+            if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
+                err = payload["error"]
+                detail = err.get("message") if isinstance(err, dict) else err
+                raise ProxyError(502, f"engine error mid-stream: {detail}", code="engine_error")
+            yield payload
+    except aiohttp.ClientError as exc:
+        raise ProxyError(502, f"engine connection lost mid-stream: {exc!r}", code="engine_error") from exc
     raise ProxyError(502, "engine stream ended without [DONE]", code="engine_stream_truncated")

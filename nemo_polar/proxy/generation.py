@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from nemo_polar.proxy.conversation import Conversation, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient, sse_data
@@ -80,7 +80,10 @@ async def plan(engine: EngineClient, session: Session, conv: Conversation) -> Pl
     tools = conv.template_tools() if conv.tool_choice != "none" else None
     kwargs = session.config.chat_template_kwargs
     parent, reason = session.find_parent(conv)
-    common = {"model": info.model, "stream": True, "stream_options": {"include_usage": True}}
+    # Upstream streams when the harness streams; a non-streaming call gets one engine response (cheaper for both).
+    common: dict[str, Any] = {"model": info.model, "stream": conv.stream}
+    if conv.stream:
+        common["stream_options"] = {"include_usage": True}
 
     if mode == "continuation":
         full = await engine.tokenize_chat(conv.template_messages(), tools, kwargs)
@@ -172,18 +175,29 @@ class Generation:
         self.capture = Capture(prompt_token_ids=list(the_plan.prompt_token_ids))
         self.parser = StreamParser(param_types=conv.param_type)
         self.output = Output()
-        self._resp: httpx.Response | None = None
+        self._resp: aiohttp.ClientResponse | None = None
+        self._whole: dict[str, Any] | None = None  # a non-streaming engine response
         self._chat_calls: dict[int, dict[str, str]] = {}
 
     async def open(self) -> None:
-        self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+        if self.plan.body.get("stream"):
+            self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+        else:
+            self._whole = await self.engine.post_json(self.plan.path, self.plan.body)
 
     async def close(self) -> None:
         if self._resp is not None:
-            await self._resp.aclose()
+            self._resp.close()  # closing (not releasing) aborts the engine request if it is still running
             self._resp = None
 
     async def events(self, keepalive_s: float | None = None) -> AsyncIterator[object]:
+        if self._whole is not None:
+            for ev in [*self._absorb(_as_chunk(self._whole)), *self._parsed(self.parser.finish())]:
+                yield ev
+            for ev in self._flush_chat_calls():
+                yield ev
+            self._finalise()
+            return
         assert self._resp is not None, "open() first"
         queue: asyncio.Queue[object] = asyncio.Queue()
         done = object()
@@ -207,8 +221,6 @@ class Generation:
                     continue
                 if item is done:
                     break
-                if isinstance(item, httpx.HTTPError):
-                    raise ProxyError(502, f"engine connection lost mid-stream: {item!r}", code="engine_error")
                 if isinstance(item, Exception):
                     raise item
                 assert isinstance(item, dict)
@@ -312,6 +324,16 @@ class Generation:
             out.finish_reason = "stop"
         out.prompt_tokens = len(cap.prompt_token_ids) or cap.prompt_tokens
         out.completion_tokens = len(cap.sampled_token_ids)
+
+
+def _as_chunk(response: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming engine response in the shape of one stream chunk (chat ``message`` becomes ``delta``)."""
+    for choice in response.get("choices") or []:
+        if "message" in choice:
+            delta = dict(choice.pop("message") or {})
+            delta["tool_calls"] = [{**tc, "index": i} for i, tc in enumerate(delta.get("tool_calls") or [])]
+            choice["delta"] = delta
+    return response
 
 
 def _logprobs(lp: Any) -> list[float]:

@@ -47,6 +47,7 @@ class CallRecord(BaseModel):
     sampling: SamplingUsed | None = None
     output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")
     started_at: float
+    render_s: float | None = Field(default=None, description="time spent building the engine request")
     finished_at: float | None = None
     status_code: int = 200
     error: str | None = None

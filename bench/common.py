@@ -1,0 +1,85 @@
+"""Shared bench plumbing: a real engine, the proxy in its own process (like in production), percentiles."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, stop_group, wait_healthy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def engine(model: str = "tiny-qwen3") -> Iterator[str]:
+    """``POLAR_BENCH_ENGINE_URL`` reuses a running engine; otherwise one is started for the run."""
+    if os.environ.get("POLAR_BENCH_ENGINE_URL"):
+        yield os.environ["POLAR_BENCH_ENGINE_URL"]
+        return
+    with EngineProcess(EngineSpec(model=model, port=free_port())) as proc:
+        yield proc.spec.url
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[str]:
+    """Run ``polar proxy`` as a separate process, as a deployment would."""
+    port = free_port()
+    records = Path(tempfile.mkdtemp(prefix="polar-bench-"))
+    if cpu is not None:
+        cpu["record_dir"] = records  # type: ignore[assignment]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nemo_polar.cli",
+        "proxy",
+        "--engine-url",
+        engine_url,
+        "--port",
+        str(port),
+        "--record-dir",
+        str(records),
+        "--model-alias",
+        "local-model",
+    ]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 60, proc)
+        start = cpu_seconds(proc.pid)
+        yield url
+        if cpu is not None:
+            cpu["proxy_cpu_s"] = cpu_seconds(proc.pid) - start
+    finally:
+        stop_group(proc.pid, 10)
+        proc.wait()
+
+
+def new_session(proxy_url: str, **config: object) -> str:
+    resp = httpx.post(f"{proxy_url}/polar/sessions", json=config, timeout=10)
+    resp.raise_for_status()
+    return resp.json()["api_key"]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
