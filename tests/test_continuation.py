@@ -297,7 +297,7 @@ async def test_chat_prefix_sends_nemo_rl_prefix(proxy: ProxyHandle) -> None:
         }
     )
     session.restore(second)
-    the_plan = await plan(app_proxy.engine, session, second)
+    the_plan = await plan(app_proxy.engine, app_proxy.renderer, session, second)
     assert the_plan.body["required_prefix_token_ids"] == [1, 2, 3, 4, EOT]
     assert the_plan.body["messages"][1]["generation_token_ids"] == [4, EOT]
     assert the_plan.render_reason == "engine_render:continuation"

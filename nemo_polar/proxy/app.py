@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import time
@@ -9,7 +10,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
@@ -24,6 +25,7 @@ from nemo_polar.proxy.generation import KEEPALIVE, Generation, Plan, plan
 from nemo_polar.proxy.output import new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
+from nemo_polar.proxy.renderer import EngineRenderer, Renderer, verified_local_renderer
 from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
 
 
@@ -36,6 +38,9 @@ class ProxyConfig(BaseModel):
     model_aliases: list[str] = Field(default_factory=list)
     eot_token: str = "<|im_end|>"
     admin_token: str | None = None
+    render: Literal["auto", "engine"] = Field(
+        default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
+    )
 
 
 PARSERS: dict[Api, Callable[[Any], Conversation]] = {
@@ -56,6 +61,23 @@ class Proxy:
         self.config = config
         self.sessions = SessionStore(config.record_dir)
         self.engine = EngineClient(config.engine_url, eot_token=config.eot_token)
+        self.renderer: Renderer = EngineRenderer(self.engine)
+        self._local_probe: asyncio.Task[None] | None = None
+
+    def current_renderer(self) -> Renderer:
+        """The engine renders until an in-process renderer has been verified against it (in the background)."""
+        if self.config.render == "auto" and self._local_probe is None:
+            self._local_probe = asyncio.create_task(self._probe_local())
+        return self.renderer
+
+    async def _probe_local(self) -> None:
+        try:
+            local = await verified_local_renderer(self.engine)
+        except ProxyError:  # engine not reachable yet: try again on a later call
+            self._local_probe = None
+            return
+        if local is not None:
+            self.renderer = local
 
     # -- auth and input -----------------------------------------------------------------------------
     def authenticate(self, request: Request) -> Session:
@@ -147,7 +169,7 @@ class Proxy:
             await self.check_model(conv.model, session)
             session.restore(conv)
             t0 = time.perf_counter()
-            the_plan = await plan(self.engine, session, conv)
+            the_plan = await plan(self.engine, self.current_renderer(), session, conv)
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
@@ -251,7 +273,7 @@ class Proxy:
             self.authenticate(request)
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
             conv = anthropic.parse(self.parse_json(raw), count_only=True)
-            ids = await self.engine.tokenize_chat(conv.template_messages(), conv.template_tools(), {})
+            ids = await self.current_renderer().render(conv.template_messages(), conv.template_tools(), {})
         except ProxyError as err:
             return error_response("anthropic", err)
         return JSONResponse({"input_tokens": len(ids)})

@@ -25,6 +25,7 @@ class EngineInfo:
     model: str
     max_model_len: int | None
     eot_id: int | None
+    root: str | None = None  # the model directory the engine loaded
 
 
 class EngineClient:
@@ -105,8 +106,12 @@ class EngineClient:
                     raise self._unreachable(exc) from exc
                 eot = {"model": card["id"], "prompt": self.eot_token, "add_special_tokens": False}
                 ids = (await self.post_json("/tokenize", eot))["tokens"]
-                self._info = EngineInfo(card["id"], card.get("max_model_len"), ids[0] if len(ids) == 1 else None)
+                eot_id = ids[0] if len(ids) == 1 else None
+                self._info = EngineInfo(card["id"], card.get("max_model_len"), eot_id, card.get("root"))
             return self._info
+
+    async def model_root(self) -> str | None:
+        return (await self.info()).root
 
     async def tokenize_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]

@@ -24,6 +24,7 @@ from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.records import SamplingUsed
+from nemo_polar.proxy.renderer import Renderer
 from nemo_polar.proxy.sessions import CallState, Session
 
 KEEPALIVE = object()
@@ -72,7 +73,7 @@ def _nth_after(ids: list[int], token: int, n: int) -> int | None:
     return None
 
 
-async def plan(engine: EngineClient, session: Session, conv: Conversation) -> Plan:
+async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv: Conversation) -> Plan:
     info = await engine.info()
     mode = session.config.mode
     sampling = sampling_for(conv, session)
@@ -86,7 +87,7 @@ async def plan(engine: EngineClient, session: Session, conv: Conversation) -> Pl
         common["stream_options"] = {"include_usage": True}
 
     if mode == "continuation":
-        full = await engine.tokenize_chat(conv.template_messages(), tools, kwargs)
+        full = await renderer.render(conv.template_messages(), tools, kwargs)
         prompt = full
         if parent is not None:
             prompt, reason = _continue(parent, full, info.eot_id)

@@ -153,12 +153,13 @@ class StreamParser:
     def _step(self, out: list[ParseEvent], final: bool) -> bool:
         buf = self._buf
         if self._state == "start":
-            lead = buf.lstrip()
-            if lead.startswith(THINK_OPEN):
-                self._buf = lead[len(THINK_OPEN) :]
+            # Reasoning is recognised only at the very start (where templates and models put it), so nothing
+            # but a literal "<"-prefix is ever held back here.
+            if buf.startswith(THINK_OPEN):
+                self._buf = buf[len(THINK_OPEN) :]
                 self._state = "reasoning"
                 return True
-            if not final and THINK_OPEN.startswith(lead):
+            if not final and THINK_OPEN.startswith(buf):
                 return False  # could still become "<think>"
             self._state = "text"
             return True

@@ -1,0 +1,50 @@
+"""The in-process renderer reproduces the engine's own render of every real harness conversation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.engine_client import EngineClient
+from nemo_polar.proxy.renderer import verified_local_renderer
+from tests.conftest import ProxyHandle, all_fixtures, load_fixture
+
+PARSE = {"chat-completions": chat.parse, "responses": responses.parse, "anthropic-messages": anthropic.parse}
+
+
+@pytest.mark.anyio
+async def test_local_render_equals_engine_render_on_every_fixture(engine_url: str) -> None:
+    engine = EngineClient(engine_url)
+    try:
+        local = await verified_local_renderer(engine)
+        assert local is not None, "the engine's model directory is local, so the local renderer must verify"
+        for harness, name in all_fixtures():
+            fixture = load_fixture(harness, name)
+            conv = PARSE[fixture["api"]](fixture["body"])
+            messages, tools = conv.template_messages(), conv.template_tools()
+            for kwargs in ({}, {"enable_thinking": False}):
+                assert local.render_sync(messages, tools, kwargs) == await engine.tokenize_chat(
+                    messages, tools, kwargs
+                ), f"{harness}/{name} {kwargs}"
+    finally:
+        await engine.aclose()
+
+
+def test_proxy_switches_to_the_verified_local_renderer(proxy: ProxyHandle) -> None:
+    import httpx
+
+    session = proxy.session(sampling_overrides={"max_tokens": 2})
+    body = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {session['api_key']}"}
+    deadline = time.monotonic() + 60
+    while proxy.app.state.proxy.renderer.name != "local":
+        assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
+        assert time.monotonic() < deadline, "local renderer was never adopted"
+        time.sleep(0.2)
+    before = len(proxy.records(session["session_id"]))
+    assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
+    records = proxy.records(session["session_id"])
+    assert len(records) == before + 1
+    assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
