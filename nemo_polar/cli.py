@@ -34,13 +34,17 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from nemo_polar.proxy.app import ProxyConfig, create_app
 
-    config = ProxyConfig(
-        engine_url=args.engine_url,
-        default_mode=args.mode,
-        record_dir=args.record_dir,
-        model_aliases=args.model_alias or [],
-        admin_token=args.admin_token,
-    )
+    values: dict = {}
+    if args.config:
+        from omegaconf import OmegaConf
+
+        values = OmegaConf.to_container(OmegaConf.load(args.config), resolve=True)  # type: ignore[assignment]
+    flags = {"engine_url": args.engine_url, "default_mode": args.mode, "record_dir": args.record_dir,
+             "model_aliases": args.model_alias, "admin_token": args.admin_token}  # fmt: skip
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if "engine_url" not in values:
+        raise SystemExit("polar proxy: --engine-url (or engine_url in --config) is required")
+    config = ProxyConfig.model_validate(values)
     app = create_app(config, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -65,10 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     edown.set_defaults(func=_engine_down)
 
     proxy = sub.add_parser("proxy", help="serve the token-faithful model API proxy")
-    proxy.add_argument("--engine-url", required=True)
+    proxy.add_argument("--config", type=Path, help="YAML with ProxyConfig fields (see conf/proxy/default.yaml)")
+    proxy.add_argument("--engine-url")
     proxy.add_argument("--port", type=int, default=8100)
     proxy.add_argument("--host", default="127.0.0.1")
-    proxy.add_argument("--mode", choices=["continuation", "chat", "chat_prefix"], default="continuation")
+    proxy.add_argument("--mode", choices=["continuation", "chat", "chat_prefix"])
     proxy.add_argument("--record-dir", type=Path)
     proxy.add_argument("--model-alias", action="append", help="extra model name to accept (repeatable)")
     proxy.add_argument("--api-key", help="pre-create one session with this API key")

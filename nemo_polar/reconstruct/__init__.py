@@ -1,0 +1,1 @@
+"""Trajectory reconstruction from the proxy's call records (per-request and prefix-merging builders)."""
