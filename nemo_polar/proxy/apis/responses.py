@@ -322,36 +322,18 @@ class ResponsesStream:
         resp = self.response("in_progress")
         return [self._event("response.created", response=resp), self._event("response.in_progress", response=resp)]
 
-    def reasoning(self, text: str) -> list[str]:
-        frames = self._open("reasoning")
+    def _delta(self, kind: str, event: str, text: str, **fields: Any) -> list[str]:
+        frames = self._open(kind)
         self.open_text += text
         assert self.open is not None
-        frames.append(
-            self._event(
-                "response.reasoning_summary_text.delta",
-                item_id=self.open["id"],
-                output_index=len(self.items),
-                summary_index=0,
-                delta=text,
-            )
-        )
+        frames.append(self._event(event, item_id=self.open["id"], output_index=len(self.items), delta=text, **fields))
         return frames
 
+    def reasoning(self, text: str) -> list[str]:
+        return self._delta("reasoning", "response.reasoning_summary_text.delta", text, summary_index=0)
+
     def text(self, text: str) -> list[str]:
-        frames = self._open("message")
-        self.open_text += text
-        assert self.open is not None
-        frames.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=self.open["id"],
-                output_index=len(self.items),
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
-        return frames
+        return self._delta("message", "response.output_text.delta", text, content_index=0, logprobs=[])
 
     def tool_call(self, call: ToolCall) -> list[str]:
         frames = self._close()
