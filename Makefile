@@ -38,8 +38,8 @@ demo: setup
 	$(BIN)/python examples/demo.py
 
 bench: setup
-	$(BIN)/python bench/proxy_overhead.py
-	$(BIN)/python bench/stream_ttfb.py
+	$(BIN)/python -m bench.proxy_overhead
+	$(BIN)/python -m bench.stream_ttfb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

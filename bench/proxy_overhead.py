@@ -5,7 +5,7 @@ the proxy (continuation mode: /tokenize + token-in /v1/completions, ids and logp
 together and interleaved, so both sides meet the same engine load. The figure is the ratio of latency
 percentiles, proxy/direct.
 
-    python bench/proxy_overhead.py [--sessions 64] [--rounds 6] [--max-tokens 32]
+    python -m bench.proxy_overhead [--sessions 64] [--rounds 6] [--max-tokens 32]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The same streamed chat requests go to vLLM and through the proxy (continuation mode), each pair submitted
 together so both see the same load. The figure is the median ratio proxy/direct.
 
-    python bench/stream_ttfb.py [--requests 48] [--concurrency 8]
+    python -m bench.stream_ttfb [--requests 48] [--concurrency 8]
 """
 
 from __future__ import annotations
