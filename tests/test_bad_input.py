@@ -271,3 +271,31 @@ def test_engine_unreachable(tmp_path: Path) -> None:
         assert resp.status_code == 502 and "engine unreachable" in resp.json()["error"]["message"]
         [rec] = proxy.records(session["session_id"])
         assert rec["status_code"] == 502 and not rec["complete"]
+
+
+@pytest.mark.parametrize("faulty", ["slow"], indirect=True)
+def test_openai_keepalives_are_sse_comments(faulty: ProxyHandle) -> None:
+    session = faulty.session()
+    body = {**CHAT, "stream": True}
+    headers = {"authorization": f"Bearer {session['api_key']}"}
+    with httpx.stream("POST", f"{faulty.url}/v1/chat/completions", json=body, headers=headers, timeout=30) as resp:
+        raw = "".join(resp.iter_text())
+    assert ": keep-alive\n\n" in raw and raw.rstrip().endswith("data: [DONE]")
+    client = openai.OpenAI(base_url=f"{faulty.url}/v1", api_key=session["api_key"], max_retries=0)
+    chunks = list(client.chat.completions.create(**body))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+
+
+def test_gzip_body_is_accepted(proxy: ProxyHandle) -> None:
+    import gzip
+
+    session = proxy.session()
+    resp = post(
+        proxy,
+        session["api_key"],
+        "/v1/chat/completions",
+        gzip.compress(json.dumps(CHAT).encode()),
+        **{"content-encoding": "gzip"},
+    )
+    assert resp.status_code == 200, resp.text
+    assert proxy.records(session["session_id"])[0]["request"] == CHAT

@@ -302,3 +302,42 @@ async def test_chat_prefix_sends_nemo_rl_prefix(proxy: ProxyHandle) -> None:
     assert the_plan.body["messages"][1]["generation_token_ids"] == [4, EOT]
     assert the_plan.render_reason == "engine_render:continuation"
     assert json.loads(json.dumps(the_plan.body))["required_prefix_token_ids"] == [1, 2, 3, 4, EOT]
+
+
+def test_custom_tool_round_trip_codex_apply_patch(proxy: ProxyHandle) -> None:
+    """A free-form (custom) tool call comes back as `custom_tool_call` and its echo continues the chain."""
+    patch = "*** Begin Patch\n*** End Patch"
+    sampled = f'<tool_call>\n{{"name": "apply_patch", "arguments": {json.dumps({"input": patch})}}}\n</tool_call>'
+    session = proxy.session(**forced(sampled))
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    tools = [
+        {
+            "type": "custom",
+            "name": "apply_patch",
+            "description": "edit files",
+            "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+        }
+    ]
+    inputs: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    first = client.responses.create(model="local-model", input=inputs, tools=tools)
+    [call] = first.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch" and call.input == patch
+    inputs += [
+        call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Success."},
+    ]
+    client.responses.create(model="local-model", input=inputs, tools=tools)
+    r1, r2 = proxy.records(session["session_id"])
+    assert_extends(r1, r2)
+
+
+def test_qwen3_coder_tool_call_from_the_engine(proxy: ProxyHandle) -> None:
+    sampled = "<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>"
+    session = proxy.session(**forced(sampled))
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    reply = client.chat.completions.create(
+        model="local-model", messages=[{"role": "user", "content": "x"}], tools=TOOLS
+    )
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls -la"}
+    assert reply.choices[0].message.content is None
