@@ -21,7 +21,7 @@ from nemo_polar.proxy.apis import anthropic, chat, responses
 from nemo_polar.proxy.conversation import Conversation, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response
-from nemo_polar.proxy.generation import KEEPALIVE, Generation, Plan, plan
+from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.output import new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
@@ -185,7 +185,7 @@ class Proxy:
             return StreamingResponse(
                 self.stream(session, record, conv, gen, emitter), media_type="text/event-stream", headers=SSE_HEADERS
             )
-        return await self.collect(api, session, record, conv, gen, body, the_plan)
+        return await self.collect(api, session, record, conv, gen, body)
 
     async def collect(
         self,
@@ -195,7 +195,6 @@ class Proxy:
         conv: Conversation,
         gen: Generation,
         body: Any,
-        the_plan: Plan,
     ) -> Response:
         try:
             async for _ in gen.events():

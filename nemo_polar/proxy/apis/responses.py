@@ -81,8 +81,8 @@ def parse(body: Any) -> Conversation:
             )
         else:
             ignored.append(f"input item type {kind!r}")
-    if not any(m.role in ("user", "tool") for m in messages) and not messages:
-        raise bad_request("input must contain at least one message", param="input")
+    if not messages:
+        raise bad_request("input must contain at least one message the model can read", param="input")
 
     tools: list[Tool] = []
     for j, raw in enumerate(req.tools or []):
