@@ -39,14 +39,44 @@ def _proxy(args: argparse.Namespace) -> int:
         from omegaconf import OmegaConf
 
         values = OmegaConf.to_container(OmegaConf.load(args.config), resolve=True)  # type: ignore[assignment]
-    flags = {"engine_url": args.engine_url, "default_mode": args.mode, "record_dir": args.record_dir,
-             "model_aliases": args.model_alias, "admin_token": args.admin_token}  # fmt: skip
+    flags = {
+        "engine_url": args.engine_url,
+        "default_mode": args.mode,
+        "record_dir": args.record_dir,
+        "model_aliases": args.model_alias,
+        "admin_token": args.admin_token,
+    }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "engine_url" not in values:
         raise SystemExit("polar proxy: --engine-url (or engine_url in --config) is required")
     config = ProxyConfig.model_validate(values)
     app = create_app(config, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    import json
+
+    from nemo_polar.reconstruct.audit import audit
+    from nemo_polar.reconstruct.builders import per_request, prefix_merging
+    from nemo_polar.reconstruct.io import load_records, write_traces
+
+    build = prefix_merging if args.builder == "prefix_merging" else per_request
+    traces, failed, stats = [], 0, []
+    for session_id, records in sorted(load_records(args.records).items()):
+        result = build(records)
+        traces += result.traces
+        failed += len(result.failed_call_ids)
+        stats.append({"session_id": session_id, **result.stats})
+        if args.command == "audit":
+            report = audit(result.traces, records)
+            print(json.dumps({"session_id": session_id, "ok": report.ok, **report.model_dump()}))
+            if not report.ok:
+                return 1
+    if args.command == "reconstruct":
+        write_traces(traces, args.output)
+        print(json.dumps({"traces": len(traces), "failed_calls": failed, "sessions": stats}))
     return 0
 
 
@@ -80,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--admin-token", help="require this bearer token on /polar/* admin routes")
     proxy.add_argument("--log-level", default="warning")
     proxy.set_defaults(func=_proxy)
+    for name, helptext in (
+        ("reconstruct", "build traces from proxy records"),
+        ("audit", "check traces against the records they came from"),
+    ):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("records", nargs="+", type=Path, help="the proxy's per-session JSONL files")
+        cmd.add_argument("--builder", choices=["per_request", "prefix_merging"], default="prefix_merging")
+        if name == "reconstruct":
+            cmd.add_argument("-o", "--output", type=Path, required=True, help="traces JSONL")
+        cmd.set_defaults(func=_reconstruct)
     return parser
 
 

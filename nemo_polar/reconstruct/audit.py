@@ -1,0 +1,56 @@
+"""Fidelity audit: every trace's trainable tokens are the recorded sampled ids, and the context each call is
+stitched into is exactly the prompt the engine was given."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pydantic import BaseModel, Field
+
+from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.trace import Trace
+
+
+class AuditReport(BaseModel):
+    traces: int = 0
+    calls: int = 0
+    trainable_tokens: int = 0
+    sampled_mismatch: list[str] = Field(default_factory=list, description="call ids whose sampled ids differ")
+    context_mismatch: list[str] = Field(default_factory=list, description="call ids stitched into another context")
+    missing_records: list[str] = Field(default_factory=list)
+    break_reasons: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.sampled_mismatch or self.context_mismatch or self.missing_records)
+
+
+def audit(traces: list[Trace], records: list[CallRecord]) -> AuditReport:
+    by_id = {r.call_id: r for r in records}
+    report = AuditReport(traces=len(traces))
+    reasons: Counter[str] = Counter()
+    for trace in traces:
+        report.trainable_tokens += trace.trainable_tokens
+        if trace.break_reason:
+            reasons[trace.break_reason] += 1
+        for span in trace.spans:
+            report.calls += 1
+            rec = by_id.get(span.call_id)
+            if rec is None:
+                report.missing_records.append(span.call_id)
+                continue
+            if trace.response_ids[span.start : span.end] != rec.sampled_token_ids:
+                report.sampled_mismatch.append(span.call_id)
+            trainable = [
+                lp
+                for lp, m in zip(
+                    trace.logprobs[span.start : span.end], trace.loss_mask[span.start : span.end], strict=True
+                )
+                if m
+            ]
+            if trainable and trainable != rec.sampled_logprobs:
+                report.sampled_mismatch.append(span.call_id)
+            if trace.context_before(span) != rec.prompt_token_ids:
+                report.context_mismatch.append(span.call_id)
+    report.break_reasons = dict(reasons)
+    return report

@@ -1,0 +1,233 @@
+"""Build traces from a session's call records.
+
+``per_request``: one trace per call. ``prefix_merging``: calls are linked in token space — a call extends the
+earlier call whose full sequence (prompt + sampled ids) is a prefix of its prompt — and each path of that tree
+becomes one trace in which every call contributes its context delta (masked) and its sampled ids (trainable).
+Nothing is dropped: siblings (retries, branches) that a later call does not extend become traces of their own,
+calls that extend nothing start new traces with the reason recorded, and failed calls are listed in the result.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.trace import Role, Span, Trace
+
+_PARSE = {"chat": chat.parse, "responses": responses.parse, "anthropic": anthropic.parse}
+
+
+class SideRule(BaseModel):
+    """A call matching every given condition is a harness side call (kept out of the agent's chains)."""
+
+    name: str
+    system_contains: str | None = None
+    max_tools: int | None = None
+
+
+DEFAULT_SIDE_RULES = [
+    SideRule(name="qwen_code_memory_extraction", system_contains="managed memory extraction subagent"),
+    SideRule(name="title_generation", system_contains="title", max_tools=0),
+]
+
+
+class BuilderConfig(BaseModel):
+    mask_truncated: bool = Field(default=False, description="mask the sampled ids of calls cut by max_tokens")
+    side_rules: list[SideRule] = Field(default_factory=lambda: list(DEFAULT_SIDE_RULES))
+
+
+@dataclass
+class BuildResult:
+    traces: list[Trace]
+    failed_call_ids: list[str] = field(default_factory=list)  # not traceable: no finished generation to prove
+    break_reasons: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def stats(self) -> dict[str, object]:
+        return {
+            "traces": len(self.traces),
+            "calls": sum(len(t.spans) for t in self.traces),
+            "failed_calls": len(self.failed_call_ids),
+            "break_reasons": dict(self.break_reasons),
+            "roles": dict(Counter(t.role for t in self.traces)),
+        }
+
+
+def side_rule(record: CallRecord, rules: list[SideRule]) -> str | None:
+    try:
+        conv = _PARSE[record.api](record.request)
+    except (ProxyError, KeyError, TypeError):
+        return None
+    system = "\n".join(m.content for m in conv.messages if m.role == "system")
+    for rule in rules:
+        if rule.system_contains is not None and rule.system_contains not in system:
+            continue
+        if rule.max_tools is not None and len(conv.tools) > rule.max_tools:
+            continue
+        return rule.name
+    return None
+
+
+def _full(rec: CallRecord) -> list[int]:
+    return rec.prompt_token_ids + rec.sampled_token_ids
+
+
+def _extends(child: CallRecord, parent: CallRecord) -> bool:
+    n = len(parent.prompt_token_ids) + len(parent.sampled_token_ids)
+    return n <= len(child.prompt_token_ids) and child.prompt_token_ids[:n] == _full(parent)
+
+
+def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None, cfg: BuilderConfig) -> Trace:
+    first = path[0]
+    stitched = list(first.prompt_token_ids)
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] = []
+    spans: list[Span] = []
+    for rec in path:
+        context = rec.prompt_token_ids[len(stitched) :]
+        start = len(response) + len(context)
+        response += context
+        mask += [0] * len(context)
+        logprobs += [None] * len(context)
+        masked = cfg.mask_truncated and rec.finish_reason == "length"
+        response += rec.sampled_token_ids
+        mask += [0 if masked else 1] * len(rec.sampled_token_ids)
+        logprobs += [None] * len(rec.sampled_token_ids) if masked else list(rec.sampled_logprobs)
+        spans.append(
+            Span(
+                call_id=rec.call_id,
+                context_start=start - len(context),
+                start=start,
+                end=len(response),
+                finish_reason=rec.finish_reason,
+            )
+        )
+        stitched = first.prompt_token_ids + response
+    versions = sorted({r.policy_version for r in path if r.policy_version is not None})
+    return Trace(
+        trace_id=f"{first.session_id}/{first.call_id}",
+        session_id=first.session_id,
+        prompt_ids=list(first.prompt_token_ids),
+        response_ids=response,
+        loss_mask=mask,
+        logprobs=logprobs,
+        spans=spans,
+        role=role,
+        segment=segment,
+        break_reason=reason,
+        policy_versions=versions,
+    )
+
+
+def _split(records: Iterable[CallRecord], cfg: BuilderConfig) -> tuple[list[CallRecord], list[CallRecord], list[str]]:
+    ordered = sorted(records, key=lambda r: (r.started_at, r.call_id))
+    failed = [r.call_id for r in ordered if not r.complete]
+    usable = [r for r in ordered if r.complete]
+    side = [r for r in usable if side_rule(r, cfg.side_rules)]
+    side_ids = {r.call_id for r in side}
+    return [r for r in usable if r.call_id not in side_ids], side, failed
+
+
+def _weigh(traces: list[Trace]) -> list[Trace]:
+    """A session contributes one unit of gradient however many traces it has; side calls contribute none."""
+    trainable = [t for t in traces if t.role != "side"]
+    for t in traces:
+        t.weight = 0.0 if t.role == "side" else 1.0 / len(trainable)
+    return traces
+
+
+def per_request(records: Iterable[CallRecord], cfg: BuilderConfig | None = None) -> BuildResult:
+    cfg = cfg or BuilderConfig()
+    agent, side, failed = _split(records, cfg)
+    traces = [_trace([r], "main", 0, None, cfg) for r in agent] + [
+        _trace([r], "side", 0, "side_call", cfg) for r in side
+    ]
+    return BuildResult(_weigh(traces), failed, Counter({"side_call": len(side)}) if side else Counter())
+
+
+def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = None) -> BuildResult:
+    cfg = cfg or BuilderConfig()
+    agent, side, failed = _split(records, cfg)
+    by_id = {r.call_id: r for r in agent}
+    parent: dict[str, str | None] = {}
+    children: dict[str, list[str]] = {r.call_id: [] for r in agent}
+    seen: list[CallRecord] = []
+    for rec in agent:
+        hint = by_id.get(rec.parent_call_id or "")
+        if hint is not None and hint.call_id in parent and _extends(rec, hint):
+            found: CallRecord | None = hint
+        else:  # the longest earlier full sequence that is a prefix of this prompt
+            found = max((p for p in seen if _extends(rec, p)), key=lambda p: len(_full(p)), default=None)
+        parent[rec.call_id] = found.call_id if found else None
+        if found is not None:
+            children[found.call_id].append(rec.call_id)
+        seen.append(rec)
+
+    size: dict[str, int] = {}
+    for rec in reversed(agent):  # children start after their parent, so sizes are ready in reverse order
+        size[rec.call_id] = 1 + sum(size[c] for c in children[rec.call_id])
+
+    result = BuildResult([], failed)
+    main_root = next((r.call_id for r in agent if parent[r.call_id] is None), None)
+    for rec in agent:
+        if parent[rec.call_id] is not None:
+            continue
+        reason = _root_reason(rec)
+        role: Role = "main" if rec.call_id == main_root else _root_role(rec)
+        result.traces += _paths(rec.call_id, by_id, children, size, role, reason, result.break_reasons, cfg)
+        if reason:
+            result.break_reasons[reason] += 1
+    for rec in side:
+        result.traces.append(_trace([rec], "side", 0, "side_call", cfg))
+        result.break_reasons["side_call"] += 1
+    _weigh(result.traces)
+    return result
+
+
+def _root_reason(rec: CallRecord) -> str | None:
+    if rec.parent_call_id is not None:  # the proxy linked it, but the engine's prompt is not an exact extension
+        return "context_mismatch"
+    reason = (rec.render_reason or "").removeprefix("engine_render:")
+    return None if reason in ("first_call", "") else reason
+
+
+def _root_role(rec: CallRecord) -> Role:
+    reason = (rec.render_reason or "").removeprefix("engine_render:")
+    return "compaction" if reason in ("history_diverged", "assistant_turn_not_from_proxy") else "subagent"
+
+
+def _paths(
+    root: str,
+    by_id: dict[str, CallRecord],
+    children: dict[str, list[str]],
+    size: dict[str, int],
+    role: Role,
+    reason: str | None,
+    reasons: Counter[str],
+    cfg: BuilderConfig,
+) -> list[Trace]:
+    """Split a call tree into paths: each node continues into the child with the largest subtree (ties go to the
+    later call, which is what a retry replaces); every other child starts a new path ("branch")."""
+    traces: list[Trace] = []
+    pending: list[tuple[str, str | None]] = [(root, reason)]
+    while pending:
+        node, why = pending.pop(0)
+        path = [by_id[node]]
+        while children[node]:
+            kids = children[node]
+            best = max(kids, key=lambda c: (size[c], by_id[c].started_at))
+            for other in kids:
+                if other != best:
+                    pending.append((other, "branch"))
+                    reasons["branch"] += 1
+            node = best
+            path.append(by_id[node])
+        traces.append(_trace(path, role, len(traces), why, cfg))
+    return traces
