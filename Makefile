@@ -40,6 +40,7 @@ demo: setup
 bench: setup
 	$(BIN)/python -m bench.proxy_overhead
 	$(BIN)/python -m bench.stream_ttfb
+	$(BIN)/python -m bench.merge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -15,12 +15,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.apis import anthropic, chat, responses
-from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.conversation import parts_text
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.trace import Role, Span, Trace
-
-_PARSE = {"chat": chat.parse, "responses": responses.parse, "anthropic": anthropic.parse}
 
 
 class SideRule(BaseModel):
@@ -59,16 +56,37 @@ class BuildResult:
         }
 
 
+def _system_and_tools(record: CallRecord) -> tuple[str, int]:
+    """The system prompt text and the number of tools of a recorded request, read without a full parse."""
+    body = record.request if isinstance(record.request, dict) else {}
+    tools = body.get("tools")
+    n_tools = len(tools) if isinstance(tools, list) else 0
+    parts: list = []
+    if record.api == "anthropic":
+        parts.append(body.get("system"))
+    else:
+        if record.api == "responses":
+            parts.append(body.get("instructions"))
+        items = body.get("messages" if record.api == "chat" else "input")
+        if isinstance(items, list):
+            parts += [
+                m.get("content") for m in items if isinstance(m, dict) and m.get("role") in ("system", "developer")
+            ]
+    texts = []
+    for part in parts:
+        try:
+            texts.append(parts_text(part, kinds=("text", "input_text")))
+        except ValueError:
+            continue
+    return "\n".join(texts), n_tools
+
+
 def side_rule(record: CallRecord, rules: list[SideRule]) -> str | None:
-    try:
-        conv = _PARSE[record.api](record.request)
-    except (ProxyError, KeyError, TypeError):
-        return None
-    system = "\n".join(m.content for m in conv.messages if m.role == "system")
+    system, n_tools = _system_and_tools(record)
     for rule in rules:
         if rule.system_contains is not None and rule.system_contains not in system:
             continue
-        if rule.max_tools is not None and len(conv.tools) > rule.max_tools:
+        if rule.max_tools is not None and n_tools > rule.max_tools:
             continue
         return rule.name
     return None

@@ -1,0 +1,80 @@
+"""Prefix merging vs per-request traces on multi-turn sessions recorded through the proxy on the real engine.
+
+Records ``--sessions`` agent sessions of ``--turns`` calls each (an agent loop with tool results, continuation
+mode), then builds both kinds of traces and prints trainer updates per request, tokens the trainer processes
+(trainable + context), and reconstruction throughput. The last line is the merged/per-request update ratio.
+
+    python -m bench.merge [--sessions 16] [--turns 8] [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.common import engine, new_session, proxy
+from nemo_polar.reconstruct.audit import audit
+from nemo_polar.reconstruct.builders import per_request, prefix_merging
+from nemo_polar.reconstruct.io import load_records
+
+SYSTEM = "You are a coding agent. Use the bash tool to inspect and fix the repository. " * 10
+
+
+async def agent(client: aiohttp.ClientSession, url: str, key: str, turns: int, i: int) -> None:
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Fix issue {i}."}]
+    for turn in range(turns):
+        body = {"model": "local-model", "messages": history}
+        async with client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        ) as r:
+            r.raise_for_status()
+            text = (await r.json())["choices"][0]["message"]["content"] or ""
+        history += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"<tool_response>\nexit code 0, step {turn}\n</tool_response>"},
+        ]
+
+
+async def record(url: str, sessions: int, turns: int) -> None:
+    keys = [new_session(url, sampling_overrides={"max_tokens": 24}) for _ in range(sessions)]
+    async with aiohttp.ClientSession() as client:
+        await asyncio.gather(*(agent(client, url, k, turns, i) for i, k in enumerate(keys)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=20, help="builds per builder for the throughput figure")
+    args = parser.parse_args()
+    info: dict[str, object] = {}
+    with engine() as engine_url, proxy(engine_url, info) as proxy_url:  # type: ignore[arg-type]
+        asyncio.run(record(proxy_url, args.sessions, args.turns))
+        paths = sorted(Path(str(info["record_dir"])).glob("*.jsonl"))
+    sessions = load_records(paths)
+    calls = sum(len(r) for r in sessions.values())
+    figures = {}
+    for name, build in (("per_request", per_request), ("prefix_merging", prefix_merging)):
+        start = time.perf_counter()
+        for _ in range(args.repeat):
+            results = {sid: build(recs) for sid, recs in sessions.items()}
+        elapsed = time.perf_counter() - start
+        traces = [t for r in results.values() for t in r.traces]
+        assert all(audit(r.traces, sessions[sid]).ok for sid, r in results.items())
+        tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in traces)
+        trainable = sum(t.trainable_tokens for t in traces)
+        figures[name] = len(traces)
+        print(
+            f"{name:<15} traces {len(traces):>5}  updates/request {len(traces) / calls:.3f}  "
+            f"tokens {tokens:>9} (trainable {trainable})  {calls * args.repeat / elapsed:,.0f} calls/s"
+        )
+    print(f"sessions {len(sessions)} x {args.turns} calls = {calls} calls; audit passed for both builders")
+    print(f"prefix_merging/per_request trainer updates: {figures['prefix_merging'] / figures['per_request']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
