@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,13 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec, stop_group, wait_healthy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, stop_group, wait_healthy
 
 
 @contextmanager

@@ -7,7 +7,6 @@ Run with ``make demo``. Uses SmolLM2-135M-Instruct (real weights) so the text is
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -18,15 +17,9 @@ import anthropic
 import httpx
 import uvicorn
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.proxy.app import ProxyConfig, create_app
 from nemo_polar.proxy.records import read_records
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(engine_url: str, record_dir: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,16 +19,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.proxy.app import ProxyConfig, create_app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness_requests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

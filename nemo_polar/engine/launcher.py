@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,13 @@ from nemo_polar.paths import cache_dir, run_dir
 
 # Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
 KNOWN_MODELS = {"tiny-qwen3": 32768, "smollm2-135m-instruct": 8192}
+
+
+def free_port() -> int:
+    """A free loopback TCP port (for engines and servers started by tests, benches and the demo)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def has_gpu() -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -90,15 +91,17 @@ class RecordWriter:
             await asyncio.to_thread(self._append_sync, line)
 
 
-def read_records(path: Path) -> list[CallRecord]:
-    """Read a session's JSONL; a corrupt line raises with the file and line number."""
-    records: list[CallRecord] = []
+def iter_records(path: Path) -> Iterator[tuple[int, CallRecord]]:
+    """``(line number, record)`` for a session's JSONL; a corrupt line raises naming the file and line."""
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                records.append(CallRecord.model_validate(json.loads(line)))
+                yield lineno, CallRecord.model_validate(json.loads(line))
             except (json.JSONDecodeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a valid call record: {exc}") from exc
-    return records
+                raise ValueError(f"{path}:{lineno}: not a valid call record: {exc}") from None
+
+
+def read_records(path: Path) -> list[CallRecord]:
+    return [rec for _, rec in iter_records(path)]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.records import CallRecord, iter_records
 from nemo_polar.reconstruct.trace import Trace
 
 
@@ -18,24 +17,17 @@ def load_records(paths: list[Path]) -> dict[str, list[CallRecord]]:
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such records file")
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    rec = CallRecord.model_validate(json.loads(line))
-                except (json.JSONDecodeError, ValueError) as exc:
-                    raise ValueError(f"{where}: not a valid call record: {exc}") from None
-                if rec.complete:
-                    if not rec.prompt_token_ids:
-                        raise ValueError(f"{where}: record {rec.call_id} is complete but has no prompt_token_ids")
-                    if len(rec.sampled_token_ids) != len(rec.sampled_logprobs):
-                        raise ValueError(
-                            f"{where}: record {rec.call_id} has {len(rec.sampled_token_ids)} sampled ids but "
-                            f"{len(rec.sampled_logprobs)} logprobs"
-                        )
-                sessions[rec.session_id].append(rec)
+        for lineno, rec in iter_records(path):
+            where = f"{path}:{lineno}"
+            if rec.complete:
+                if not rec.prompt_token_ids:
+                    raise ValueError(f"{where}: record {rec.call_id} is complete but has no prompt_token_ids")
+                if len(rec.sampled_token_ids) != len(rec.sampled_logprobs):
+                    raise ValueError(
+                        f"{where}: record {rec.call_id} has {len(rec.sampled_token_ids)} sampled ids but "
+                        f"{len(rec.sampled_logprobs)} logprobs"
+                    )
+            sessions[rec.session_id].append(rec)
     return dict(sessions)
 
 
