@@ -198,3 +198,24 @@ def test_real_session_through_the_proxy(proxy: ProxyHandle, tmp_path: Path) -> N
     assert json.loads(done.stdout)["traces"] == 2 and len(out.read_text().splitlines()) == 2
     checked = subprocess.run([*cli, "audit", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True
+
+
+def test_session_is_the_unit_of_reward_and_advantage() -> None:
+    from nemo_polar.reconstruct.rewards import assign, group_advantages
+
+    m1 = rec("m1", [1], [10, EOT], session_id="won")
+    s1 = rec("s1", [7], [40, EOT], session_id="won", render_reason="new_conversation")
+    k1 = rec("k1", [9], [50, EOT], session_id="won", render_reason="history_diverged")
+    other = rec("o1", [1], [11, EOT], session_id="lost")
+    traces = prefix_merging([m1, s1, k1]).traces + prefix_merging([other]).traces
+    rewards = {"won": 1.0, "lost": 0.0}
+    advantages = group_advantages(rewards)
+    assert advantages == {"won": 0.5, "lost": -0.5}
+    assign(traces, rewards, advantages)
+    per_session: dict[str, float] = {}
+    for t in traces:
+        per_session[t.session_id] = per_session.get(t.session_id, 0.0) + t.weight * t.advantage
+    assert per_session == pytest.approx({"won": 0.5, "lost": -0.5})  # three traces weigh what one does
+    assert group_advantages({"a": 1.0, "b": 1.0}, scale_by_std=True) == {"a": 0.0, "b": 0.0}
+    with pytest.raises(KeyError, match="no reward for session"):
+        assign(traces, {"won": 1.0}, advantages)

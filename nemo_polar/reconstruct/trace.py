@@ -34,6 +34,7 @@ class Trace(BaseModel):
     policy_versions: list[int] = Field(default_factory=list)
     weight: float = 1.0
     reward: float | None = None
+    advantage: float | None = Field(default=None, description="the session's GRPO advantage")
 
     @model_validator(mode="after")
     def _aligned(self) -> Trace:
