@@ -60,7 +60,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
     from nemo_polar.reconstruct.audit import audit
     from nemo_polar.reconstruct.builders import per_request, prefix_merging
-    from nemo_polar.reconstruct.io import load_records, write_traces
+    from nemo_polar.reconstruct.io import load_records, recompute_logprobs, write_traces
 
     build = prefix_merging if args.builder == "prefix_merging" else per_request
     traces, failed, stats = [], 0, []
@@ -71,7 +71,10 @@ def _reconstruct(args: argparse.Namespace) -> int:
         stats.append({"session_id": session_id, **result.stats})
         if args.command == "audit":
             report = audit(result.traces, records)
-            print(json.dumps({"session_id": session_id, "ok": report.ok, **report.model_dump()}))
+            line = {"session_id": session_id, "ok": report.ok, **report.model_dump()}
+            if args.recompute_logprobs:
+                line["logprob_recompute"] = recompute_logprobs(result.traces, args.recompute_logprobs)
+            print(json.dumps(line))
             if not report.ok:
                 return 1
     if args.command == "reconstruct":
@@ -119,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--builder", choices=["per_request", "prefix_merging"], default="prefix_merging")
         if name == "reconstruct":
             cmd.add_argument("-o", "--output", type=Path, required=True, help="traces JSONL")
+        else:
+            cmd.add_argument(
+                "--recompute-logprobs",
+                type=Path,
+                metavar="MODEL_DIR",
+                help="recompute trainable logprobs with transformers and report |delta| and KL (k3)",
+            )
         cmd.set_defaults(func=_reconstruct)
     return parser
 

@@ -219,3 +219,29 @@ def test_session_is_the_unit_of_reward_and_advantage() -> None:
     assert group_advantages({"a": 1.0, "b": 1.0}, scale_by_std=True) == {"a": 0.0, "b": 0.0}
     with pytest.raises(KeyError, match="no reward for session"):
         assign(traces, {"won": 1.0}, advantages)
+
+
+def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url: str) -> None:
+    """Trainable logprobs recomputed with transformers under the engine's own weights agree with vLLM's; a
+    corrupted set does not."""
+    import httpx
+
+    from nemo_polar.reconstruct.io import recompute_logprobs
+
+    session = proxy.session(sampling_overrides={"max_tokens": 12})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    history = [{"role": "user", "content": "hello"}]
+    for turn in range(2):
+        reply = client.chat.completions.create(model="local-model", messages=history)
+        history += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"more {turn}"},
+        ]
+    records = proxy.records(session["session_id"])
+    [trace] = prefix_merging([CallRecord.model_validate(r) for r in records]).traces
+    model_dir = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
+    report = recompute_logprobs([trace], Path(model_dir))
+    assert report["tokens"] == trace.trainable_tokens == 24
+    assert report["mean_abs_logprob_delta"] < 0.05 and 0.0 <= report["kl_k3"] < 0.01
+    shifted = trace.model_copy(update={"logprobs": [lp + 1.0 if lp is not None else None for lp in trace.logprobs]})
+    assert recompute_logprobs([shifted], Path(model_dir))["mean_abs_logprob_delta"] > 0.9

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,24 @@ def write_traces(traces: list[Trace], out: Path) -> None:
     with out.open("w", encoding="utf-8") as fh:
         for trace in traces:
             fh.write(trace.model_dump_json() + "\n")
+
+
+def recompute_logprobs(traces: list[Trace], model_dir: Path) -> dict[str, Any]:
+    """Run :mod:`nemo_polar.reconstruct.recompute` in the engine virtualenv (torch lives there, not here)."""
+    from nemo_polar.engine.launcher import engine_python
+
+    script = Path(__file__).with_name("recompute.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "traces.jsonl"
+        write_traces([t for t in traces if t.trainable_tokens], path)
+        done = subprocess.run(
+            [str(engine_python()), "-W", "ignore", str(script), str(model_dir), str(path)],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"logprob recomputation failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def gym_output_items(trace: Trace, records: dict[str, CallRecord]) -> list[dict[str, Any]]:
