@@ -269,10 +269,11 @@ class Proxy:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            self.authenticate(request)
+            session = self.authenticate(request)
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
             conv = anthropic.parse(self.parse_json(raw), count_only=True)
-            ids = await self.current_renderer().render(conv.template_messages(), conv.template_tools(), {})
+            kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
+            ids = await self.current_renderer().render(conv.template_messages(), conv.template_tools(), kwargs)
         except ProxyError as err:
             return error_response("anthropic", err)
         return JSONResponse({"input_tokens": len(ids)})

@@ -193,9 +193,7 @@ class Generation:
 
     async def events(self, keepalive_s: float | None = None) -> AsyncIterator[object]:
         if self._whole is not None:
-            for ev in [*self._absorb(_as_chunk(self._whole)), *self._parsed(self.parser.finish())]:
-                yield ev
-            for ev in self._flush_chat_calls():
+            for ev in [*self._absorb(_as_chunk(self._whole)), *self._held_back()]:
                 yield ev
             self._finalise()
             return
@@ -227,9 +225,7 @@ class Generation:
                 assert isinstance(item, dict)
                 for ev in self._absorb(item):
                     yield ev
-            for ev in self._parsed(self.parser.finish()):
-                yield ev
-            for ev in self._flush_chat_calls():
+            for ev in self._held_back():
                 yield ev
             self._finalise()
         finally:
@@ -308,6 +304,10 @@ class Generation:
             out.append(call)
         self._chat_calls.clear()
         return out
+
+    def _held_back(self) -> list[object]:
+        """What the parser and the chat tool-call assembler kept until the generation ended."""
+        return [*self._parsed(self.parser.finish()), *self._flush_chat_calls()]
 
     def _finalise(self) -> None:
         cap = self.capture
