@@ -1,6 +1,6 @@
 # nemo_polar — the two commands a new user runs: `make demo` and `make test`.
-# `make setup` is idempotent and cached: the project venv (.venv), the vLLM engine venv and the offline
-# models under $(POLAR_CACHE) (default ~/.cache/nemo_polar).
+# `make setup` is idempotent and cached: the project venv (.venv), the vLLM engine venv, the offline models and
+# the pinned coding CLIs under $(POLAR_CACHE) (default ~/.cache/nemo_polar), and the sandbox tools (bwrap, socat).
 
 PYTHON ?= python3
 POLAR_CACHE ?= $(HOME)/.cache/nemo_polar
@@ -9,9 +9,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import engine_python; print(engine_python())')
 
-.PHONY: setup venv engine models test lint demo bench clean
+.PHONY: setup venv engine models system harnesses test lint demo bench clean
 
-setup: venv engine models
+setup: venv engine models system harnesses
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,13 @@ engine:
 
 models: venv engine
 	$(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models
+
+system:
+	bash scripts/setup_system.sh
+
+# The coding CLIs at their pinned versions, installed once into $(POLAR_CACHE)/harnesses (mounted read-only).
+harnesses: venv
+	$(BIN)/python -m nemo_polar.env.harness
 
 lint: venv
 	$(BIN)/ruff check .

@@ -78,3 +78,14 @@ def test_models_count_tokens_and_websocket_probe(proxy: ProxyHandle, engine_url:
                           "messages": body["messages"]}, timeout=10).json()["count"]  # fmt: skip
     assert resp.json() == {"input_tokens": expected}
     assert proxy.records(session["session_id"]) == []  # counting tokens is not a model call
+
+
+def test_script_constrains_calls_in_order_then_samples_freely() -> None:
+    from nemo_polar.proxy.sessions import SessionConfig
+
+    cfg = SessionConfig(script=["a.b", "done"], extra_body={"seed_hint": 1})
+    first, second, after = cfg.engine_extra(0), cfg.engine_extra(1), cfg.engine_extra(2)
+    assert first["structured_outputs"] == {"regex": r"a\.b"}  # the text is matched literally
+    assert second["structured_outputs"] == {"regex": "done"}
+    assert after == {"seed_hint": 1} and "structured_outputs" not in after
+    assert first["seed_hint"] == 1

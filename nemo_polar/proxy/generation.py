@@ -95,7 +95,14 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
                 parent, prompt = None, full
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **_sampling_body(sampling, top_k)}
-        return Plan("/v1/completions", {**body, **session.config.extra_body}, sampling, parent, reason, prompt)
+        return Plan(
+            "/v1/completions",
+            {**body, **session.config.engine_extra(len(session.calls))},
+            sampling,
+            parent,
+            reason,
+            prompt,
+        )
 
     messages = conv.template_messages()
     body = {
@@ -119,7 +126,13 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         messages[last]["prompt_token_ids"] = parent.record.prompt_token_ids
         messages[last]["generation_token_ids"] = parent.record.sampled_token_ids
     render_reason = f"engine_render:{reason}"
-    return Plan("/v1/chat/completions", {**body, **session.config.extra_body}, sampling, parent, render_reason)
+    return Plan(
+        "/v1/chat/completions",
+        {**body, **session.config.engine_extra(len(session.calls))},
+        sampling,
+        parent,
+        render_reason,
+    )
 
 
 def _chat_tool_choice(choice: str) -> Any:

@@ -8,6 +8,7 @@ echoed assistant turn is replaced by the exact output recorded for it.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 import uuid
@@ -38,7 +39,18 @@ class SessionConfig(BaseModel):
     policy_version: int | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every engine request")
+    script: list[str] = Field(
+        default_factory=list,
+        description="scripted policy: the n-th completed call is constrained (vLLM structured outputs) to produce "
+        "exactly script[n]; later calls sample freely. The engine still samples the ids and their logprobs.",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def engine_extra(self, completed_calls: int) -> dict[str, Any]:
+        """What is merged into the engine request of the session's next call."""
+        if completed_calls >= len(self.script):
+            return self.extra_body
+        return {**self.extra_body, "structured_outputs": {"regex": re.escape(self.script[completed_calls])}}
 
 
 class SessionCreated(BaseModel):

@@ -1,0 +1,29 @@
+"""Harness adapters for the coding CLIs, found by name."""
+
+from __future__ import annotations
+
+from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch
+from nemo_polar.env.harness.claude_code import ClaudeCode
+from nemo_polar.env.harness.codex import Codex
+from nemo_polar.env.harness.pi import Pi
+from nemo_polar.env.harness.qwen_code import QwenCode
+
+HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi)}
+
+
+def get_harness(name: str, **options: object) -> Harness:
+    try:
+        cls = HARNESSES[name]
+    except KeyError:
+        raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}") from None
+    return cls(**options)
+
+
+def install(names: list[str] | None = None) -> None:
+    """Install the pinned CLIs into the shared prefix (``python -m nemo_polar.env.harness``)."""
+    for name in names or list(HARNESSES):
+        prefix = HARNESSES[name].install()
+        print(f"{name}: {HARNESSES[name].package}@{HARNESSES[name].version} in {prefix}")
+
+
+__all__ = ["HARNESSES", "Endpoint", "Harness", "HarnessMissing", "Launch", "get_harness", "install"]

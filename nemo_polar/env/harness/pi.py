@@ -1,0 +1,47 @@
+"""Pi: a ``models.json`` provider (Pi has no base-URL variable), offline mode on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+
+
+class Pi(Harness):
+    name = "pi"
+    package = "@mariozechner/pi-coding-agent"
+    version = "0.73.1"
+    bin = "pi"
+    api = "chat"
+
+    def __init__(self, context_window: int = 32768, max_tokens: int = 4096) -> None:
+        self.context_window = context_window
+        self.max_tokens = max_tokens
+
+    def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:
+        provider = {
+            "baseUrl": f"{endpoint.base_url}/v1",
+            "api": "openai-completions",
+            "apiKey": "POLAR_API_KEY",  # the name of an environment variable
+            "models": [{"id": endpoint.model, "contextWindow": self.context_window, "maxTokens": self.max_tokens}],
+        }
+        argv = [self.executable(root), "-p", "--mode", "json", "--provider", "polar", "--model", endpoint.model]
+        env = {
+            "PI_CODING_AGENT_DIR": f"{home}/.pi/agent",
+            "POLAR_API_KEY": endpoint.api_key,
+            "PI_OFFLINE": "1",
+            "PI_SKIP_VERSION_CHECK": "1",
+            "PI_TELEMETRY": "0",
+        }
+        files = {".pi/agent/models.json": json.dumps({"providers": {"polar": provider}}, indent=2)}
+        return Launch(argv=[*argv, instruction], env=env, files=files)
+
+    def shell(self, command: str) -> tuple[str, dict[str, Any]]:
+        return "bash", {"command": command}
+
+    def read_file(self, path: str) -> tuple[str, dict[str, Any]]:
+        return "read", {"path": path}
+
+    def edit_file(self, path: str, old: str, new: str) -> tuple[str, dict[str, Any]]:
+        return "edit", {"path": path, "edits": [{"oldText": old, "newText": new}]}

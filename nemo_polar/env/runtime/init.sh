@@ -1,0 +1,24 @@
+#!/bin/bash
+# Sandbox init: relays to the host over the bound Unix sockets, a fail-fast proxy check, then the command.
+# The proxy is the only route out; DNS and HTTP(S)_PROXY go to the egress audit, which refuses and records.
+run=/run/polar
+port=$POLAR_PROXY_PORT
+socat TCP-LISTEN:"$port",bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/proxy.sock 2>/dev/null &
+socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/egress-http.sock 2>/dev/null &
+socat UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:$run/egress-dns.sock 2>/dev/null &
+for _ in $(seq 100); do
+  (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break
+  sleep 0.02
+done
+status=""
+if exec 3<>/dev/tcp/127.0.0.1/"$port"; then
+  printf 'GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+  read -r -t 10 status <&3
+  exec 3<&-
+fi
+case "$status" in
+  *" 200 "*) ;;
+  *) echo "polar: the model proxy is not reachable from the sandbox (got: ${status:-no answer})" >&2; exit 97 ;;
+esac
+unset POLAR_PROXY_PORT
+exec "$@"

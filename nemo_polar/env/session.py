@@ -1,0 +1,173 @@
+"""Run one harness session: a proxy session, a prepared workspace, the real CLI in a runtime, and what it left.
+
+The session directory holds everything needed later (reconstruction, grading, viewing): ``session.json`` (the
+result), ``records.jsonl`` (the proxy's call records), ``patch.diff``, the CLI's stdout/stderr and transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from nemo_polar.env.harness import Endpoint, Harness
+from nemo_polar.env.harness.base import HARNESS_MOUNT
+from nemo_polar.env.runtime import Runtime, SandboxSpec
+from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
+from nemo_polar.env.runtime.egress import EgressAttempt
+from nemo_polar.env.script import Action
+from nemo_polar.env.workspace import Task, extract_patch, prepare_workspace
+from nemo_polar.proxy.records import CallRecord
+
+Status = Literal["completed", "harness_error", "timeout", "proxy_unreachable"]
+
+
+class ProxyClient(BaseModel):
+    """The proxy's admin API as the session runner uses it."""
+
+    url: str
+    admin_token: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = httpx.request(method, f"{self.url}{path}", headers=self._headers(), timeout=30, **kw)
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"proxy at {self.url} is unreachable: {exc}") from None
+        if resp.status_code >= 400:
+            raise RuntimeError(f"proxy {method} {path} -> {resp.status_code}: {resp.text[:500]}")
+        return resp.json()
+
+    def create_session(self, config: dict[str, Any]) -> tuple[str, str]:
+        made = self._call("POST", "/polar/sessions", json=config)
+        return made["session_id"], made["api_key"]
+
+    def records(self, session_id: str) -> list[CallRecord]:
+        return [CallRecord.model_validate(r) for r in self._call("GET", f"/polar/sessions/{session_id}/records")]
+
+    def close(self, session_id: str) -> None:
+        self._call("DELETE", f"/polar/sessions/{session_id}")
+
+
+class SessionResult(BaseModel):
+    session_id: str
+    harness: str
+    harness_version: str
+    runtime: str
+    instance_id: str
+    status: Status
+    exit_code: int | None
+    error: str | None = None
+    patch: str = ""
+    calls: int = 0
+    egress: list[EgressAttempt] = Field(default_factory=list, description="refused attempts to reach anything else")
+    timings: dict[str, float] = Field(default_factory=dict)
+    session_dir: Path
+    records: list[CallRecord] = Field(default_factory=list, exclude=True)
+    transcript: Any = Field(default=None, exclude=True)
+
+
+def scripted_config(harness: Harness, script: list[Action], workspace: str) -> dict[str, Any]:
+    texts = [harness.action_text(a, workspace) for a in script]
+    # Forced text can take up to one token per character (non-canonical tokenisation); free turns stay short.
+    cap = max([512, *(len(t) + 64 for t in texts)])
+    return {"script": texts, "sampling_overrides": {"max_tokens": cap}}
+
+
+def run_session(
+    harness: Harness,
+    task: Task,
+    runtime: Runtime,
+    proxy: ProxyClient,
+    session_dir: Path,
+    *,
+    script: list[Action] | None = None,
+    session_config: dict[str, Any] | None = None,
+    timeout: float = 600.0,
+    model: str = "local-model",
+) -> SessionResult:
+    t0 = time.monotonic()
+    root = harness.require()
+    session_dir.mkdir(parents=True, exist_ok=True)
+    workspace, home, run_dir = session_dir / "workspace", session_dir / "home", session_dir / "run"
+    home.mkdir(exist_ok=True)
+    run_dir.mkdir(exist_ok=True)
+    prepare_workspace(task, workspace)
+
+    spec = SandboxSpec(
+        workspace=workspace, home=home, run_dir=run_dir, proxy_url=proxy.url, mounts={HARNESS_MOUNT: root}
+    )
+    with runtime:
+        runtime.start(spec)
+        paths = runtime.paths
+        config: dict[str, Any] = {**(session_config or {})}
+        if script:
+            config = {**scripted_config(harness, script, paths.workspace), **config}
+        config["metadata"] = {"harness": harness.name, "instance_id": task.instance_id, **config.get("metadata", {})}
+        session_id, api_key = proxy.create_session(config)
+        endpoint = Endpoint(base_url=runtime.proxy_base_url, api_key=api_key, model=model)
+        launch = harness.launch(
+            task.problem_statement,
+            endpoint,
+            root=runtime.where(HARNESS_MOUNT),
+            home=paths.home,
+            workspace=paths.workspace,
+        )
+        for rel, text in launch.files.items():
+            (home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (home / rel).write_text(text)
+        t_run = time.monotonic()
+        done = runtime.exec(
+            launch.argv, launch.env, cwd=paths.workspace, timeout=timeout, log_prefix=session_dir / "harness"
+        )
+        t_post = time.monotonic()
+        egress = runtime.egress_attempts()
+
+    records = proxy.records(session_id)
+    proxy.close(session_id)
+    stderr = done.stderr.read_text(errors="replace")
+    status: Status
+    error = None
+    if done.timed_out:
+        status, error = "timeout", f"harness exceeded {timeout:.0f} s; process group killed"
+    elif done.returncode == PROXY_UNREACHABLE and "polar: the model proxy is not reachable" in stderr:
+        status, error = "proxy_unreachable", stderr.strip().splitlines()[-1]
+    elif done.returncode != 0:
+        status, error = "harness_error", f"exit {done.returncode}: {stderr.strip()[-2000:]}"
+    else:
+        status = "completed"
+    patch = extract_patch(workspace, harness.excludes())
+    transcript = harness.transcript(done.stdout.read_text(errors="replace"))
+    result = SessionResult(
+        session_id=session_id,
+        harness=harness.name,
+        harness_version=harness.version,
+        runtime=runtime.name,
+        instance_id=task.instance_id,
+        status=status,
+        exit_code=done.returncode,
+        error=error,
+        patch=patch,
+        calls=len(records),
+        egress=egress,
+        timings={"setup_s": t_run - t0, "run_s": t_post - t_run, "collect_s": time.monotonic() - t_post},
+        session_dir=session_dir,
+        records=records,
+        transcript=transcript,
+    )
+    write_session(result)
+    return result
+
+
+def write_session(result: SessionResult) -> None:
+    d = result.session_dir
+    (d / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in result.records))
+    (d / "patch.diff").write_text(result.patch)
+    (d / "transcript.json").write_text(json.dumps(result.transcript, indent=1))
+    (d / "session.json").write_text(result.model_dump_json(indent=2))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the runtimes need: bubblewrap (the default sandbox) and socat (the relay to the proxy).
+set -euo pipefail
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v socat >/dev/null || missing+=(socat)
+command -v git >/dev/null || missing+=(git)
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "nemo_polar needs: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

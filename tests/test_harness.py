@@ -1,0 +1,234 @@
+"""The four real coding CLIs, unchanged, in bubblewrap sandboxes that reach only the proxy.
+
+Each runs a scripted multi-turn session (the engine is constrained to the script's text, so the ids and logprobs
+are really sampled): list files, read a file, edit it, run a check, answer. The tools really run in the sandbox;
+the records, the patch, the merged trace and the egress audit are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nemo_polar.env.harness import HARNESSES, get_harness
+from nemo_polar.env.runtime import get_runtime
+from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
+from nemo_polar.env.session import ProxyClient, SessionResult, run_session
+from nemo_polar.env.workspace import Task
+from nemo_polar.reconstruct.audit import audit
+from nemo_polar.reconstruct.builders import prefix_merging
+from tests.conftest import ProxyHandle
+
+pytestmark = pytest.mark.engine
+TASK_REPO = Path(__file__).parent / "fixtures" / "tasks" / "calc"
+CHECK = "python3 -c 'import calc; print(\"sum\", calc.add(2, 3))'"
+SCRIPT = [
+    Shell(command="ls"),
+    ReadFile(path="calc.py"),
+    EditFile(path="calc.py", old="    return a - b", new="    return a + b"),
+    Shell(command=CHECK),
+    Final(text="Fixed add in calc.py."),
+]
+EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
+
+
+def task() -> Task:
+    return Task(instance_id="calc-1", problem_statement="Fix add in calc.py so that the tests pass.", repo=TASK_REPO)
+
+
+def run(proxy: ProxyHandle, harness: str, tmp_path: Path, runtime: str = "bwrap", **kw: object) -> SessionResult:
+    return run_session(
+        get_harness(harness),
+        task(),
+        get_runtime(runtime),
+        ProxyClient(url=proxy.url),
+        tmp_path / "session",
+        script=kw.pop("script", SCRIPT),  # type: ignore[arg-type]
+        timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def requests_text(result: SessionResult, index: int) -> str:
+    return json.dumps(result.records[index].request)
+
+
+@pytest.mark.parametrize("harness", list(HARNESSES))
+def test_scripted_session_in_bwrap(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
+    result = run(proxy, harness, tmp_path)
+    assert result.status == "completed", result.error
+    assert result.exit_code == 0
+    assert result.egress == []  # nothing but the proxy was attempted
+
+    # Five model calls, each constrained to the script's text and recorded completely.
+    recs = result.records
+    assert [r.complete for r in recs] == [True] * 5
+    assert recs[-1].output_text == "Fixed add in calc.py."
+    assert all(r.sampled_token_ids and len(r.sampled_logprobs) == len(r.sampled_token_ids) for r in recs)
+    # The tools really ran inside the sandbox: their output reached the model in the next request.
+    assert "test_calc.py" in requests_text(result, 1)  # ls
+    assert "return a - b" in requests_text(result, 2)  # read
+    assert "sum 5" in requests_text(result, 4)  # the check ran on the edited file
+
+    # The patch is the edit, nothing from the harness's home or caches.
+    assert EXPECTED_PATCH in result.patch
+    assert "calc.py" in result.patch and "__pycache__" not in result.patch
+    assert (tmp_path / "session" / "patch.diff").read_text() == result.patch
+
+    # One main chain, no breaks, and the audit proves every stitched context.
+    built = prefix_merging(recs)
+    main = [t for t in built.traces if t.role == "main"]
+    assert len(main) == 1 and len(built.traces) == 1
+    assert [s.call_id for s in main[0].spans] == [r.call_id for r in recs]
+    assert not built.break_reasons
+    report = audit(built.traces, recs)
+    assert report.ok, report
+
+    saved = json.loads((tmp_path / "session" / "session.json").read_text())
+    assert saved["status"] == "completed" and saved["harness"] == harness
+    disk = [json.loads(line) for line in (tmp_path / "session" / "records.jsonl").read_text().splitlines()]
+    assert [r["call_id"] for r in disk] == [r.call_id for r in recs]
+
+
+def test_egress_audit_records_and_refuses(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """The audit is not vacuous: a name lookup and a proxied HTTPS request from inside are refused and recorded."""
+    from nemo_polar.env.runtime import SandboxSpec
+
+    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy.url)
+    for d in (spec.workspace, spec.home, spec.run_dir):
+        d.mkdir()
+    probe = (
+        "import socket, urllib.request\n"
+        "try:\n    socket.getaddrinfo('github.com', 443)\nexcept OSError as e:\n    print('dns', e)\n"
+        "try:\n    urllib.request.urlopen('https://api.example.com/x', timeout=5)\nexcept OSError as e:\n"
+        "    print('http', e)\n"
+    )
+    with get_runtime("bwrap") as rt:
+        rt.start(spec)
+        done = rt.exec(["python3", "-c", probe], {}, cwd=None, timeout=60, log_prefix=tmp_path / "probe")
+        attempts = rt.egress_attempts()
+    out = done.stdout.read_text()
+    assert done.returncode == 0, done.stderr.read_text()
+    assert "dns" in out and "http" in out  # both refused
+    assert ("dns", "github.com") in {(a.kind, a.target) for a in attempts}
+    assert any(a.kind == "http" and "api.example.com:443" in a.target for a in attempts)
+
+
+def test_sandbox_isolation(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """Only the workspace and home are writable, host files are invisible, the proxy answers through the relay."""
+    from nemo_polar.env.runtime import SandboxSpec
+
+    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy.url)
+    for d in (spec.workspace, spec.home, spec.run_dir):
+        d.mkdir()
+    script = (
+        "touch /workspace/ok /root/ok; touch /usr/x 2>/dev/null && echo usr-writable; "
+        f"test -e {tmp_path} && echo host-visible; echo pid1=$(cat /proc/1/comm); "
+        "exec 3<>/dev/tcp/127.0.0.1/18080; printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; head -1 <&3"
+    )
+    with get_runtime("bwrap") as rt:
+        rt.start(spec)
+        done = rt.exec(["bash", "-c", script], {}, cwd=None, timeout=60, log_prefix=tmp_path / "iso")
+    out = done.stdout.read_text()
+    assert done.returncode == 0, done.stderr.read_text()
+    assert (spec.workspace / "ok").exists() and (spec.home / "ok").exists()
+    assert "usr-writable" not in out and "host-visible" not in out
+    assert "pid1=bwrap" in out
+    assert "200 OK" in out
+
+
+def test_hang_times_out_and_kills_the_group(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """A CLI that never finishes (here: the script's first turn is fine, then the harness is given no time)."""
+    result = run(proxy, "pi", tmp_path, timeout=2)
+    assert result.status == "timeout"
+    assert result.exit_code is None
+    assert "killed" in (result.error or "")
+    assert (tmp_path / "session" / "session.json").exists()
+
+
+def test_crash_is_a_harness_error(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """Codex rejects a Chat Completions provider outright; the session records the CLI's own error."""
+
+    class Broken(type(get_harness("codex"))):  # type: ignore[misc]
+        def launch(self, *a, **kw):  # type: ignore[no-untyped-def]
+            launch = super().launch(*a, **kw)
+            launch.argv = [arg.replace('wire_api="responses"', 'wire_api="chat"') for arg in launch.argv]
+            return launch
+
+    result = run_session(
+        Broken(), task(), get_runtime("bwrap"), ProxyClient(url=proxy.url), tmp_path / "s", script=SCRIPT, timeout=120
+    )
+    assert result.status == "harness_error"
+    assert result.exit_code not in (0, None)
+    assert "wire_api" in (result.error or "")
+    assert result.records == []
+
+
+def test_unreachable_proxy_fails_fast(tmp_path: Path) -> None:
+    """Codex would retry forever; the sandbox init checks the route first."""
+    from nemo_polar.engine.launcher import free_port
+
+    dead = ProxyClient(url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ConnectionError, match="unreachable"):
+        run_session(get_harness("codex"), task(), get_runtime("bwrap"), dead, tmp_path / "s", timeout=60)
+
+
+def test_missing_cli_and_runtime_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from nemo_polar.env.harness import HarnessMissing
+    from nemo_polar.env.runtime import RuntimeUnavailable, SandboxSpec
+
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(HarnessMissing, match="make setup"):
+        get_harness("pi").require()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no socat
+    spec = SandboxSpec(workspace=tmp_path, home=tmp_path, run_dir=tmp_path, proxy_url="http://127.0.0.1:1")
+    with pytest.raises(RuntimeUnavailable, match="bubblewrap"):
+        get_runtime("bwrap").start(spec)
+    with pytest.raises(ValueError, match="unknown harness"):
+        get_harness("cursor")
+    with pytest.raises(ValueError, match="unknown runtime"):
+        get_runtime("firejail")
+
+
+def test_workspace_has_no_other_commits(tmp_path: Path) -> None:
+    """A git task repository is flattened to its base commit: later commits (the fix) are unreachable."""
+    import subprocess
+
+    from nemo_polar.env.workspace import git, prepare_workspace
+
+    repo = tmp_path / "repo"
+    shutil.copytree(TASK_REPO, repo)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").decode().strip()
+    (repo / "calc.py").write_text((repo / "calc.py").read_text().replace("a - b", "a + b"))
+    git(repo, "commit", "-qam", "the fix")
+    ws = prepare_workspace(Task(instance_id="t", problem_statement="p", repo=repo, base_commit=base), tmp_path / "ws")
+    assert "a - b" in (ws / "calc.py").read_text()
+    log = subprocess.run(["git", "log", "--all", "--oneline"], cwd=ws, capture_output=True, text=True).stdout
+    assert len(log.splitlines()) == 1 and "fix" not in log
+
+
+def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
+    from nemo_polar.engine.launcher import free_port
+    from nemo_polar.env.runtime import SandboxSpec
+    from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
+
+    spec = SandboxSpec(
+        workspace=tmp_path / "ws",
+        home=tmp_path / "home",
+        run_dir=tmp_path / "run",
+        proxy_url=f"http://127.0.0.1:{free_port()}",
+    )
+    for d in (spec.workspace, spec.home, spec.run_dir):
+        d.mkdir()
+    with get_runtime("bwrap") as rt:
+        rt.start(spec)
+        done = rt.exec(["true"], {}, cwd=None, timeout=60, log_prefix=tmp_path / "x")
+    assert done.returncode == PROXY_UNREACHABLE
+    assert done.duration_s < 30
+    assert "model proxy is not reachable from the sandbox" in done.stderr.read_text()
