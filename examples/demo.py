@@ -9,27 +9,24 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import anthropic
 import httpx
-import uvicorn
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.proxy.app import ProxyConfig, create_app
 from nemo_polar.proxy.records import read_records
+from nemo_polar.proxy.serve import BackgroundServer
 
 
 def run(engine_url: str, record_dir: Path) -> None:
-    port = free_port()
     app = create_app(ProxyConfig(engine_url=engine_url, record_dir=record_dir, model_aliases=["local-model"]))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    proxy = f"http://127.0.0.1:{port}"
+    with BackgroundServer(app) as server:
+        converse(server.url, record_dir)
+
+
+def converse(proxy: str, record_dir: Path) -> None:
     print(f"proxy   {proxy}  (records in {record_dir})")
 
     session = httpx.post(f"{proxy}/polar/sessions", json={"sampling_overrides": {"temperature": 0.0}}).json()
@@ -57,7 +54,6 @@ def run(engine_url: str, record_dir: Path) -> None:
     head = first.prompt_token_ids + first.sampled_token_ids
     exact = second.prompt_token_ids[: len(head)] == head
     print(f"\nsecond prompt starts with first prompt + first sampled ids: {exact}")
-    server.should_exit = True
     if not exact:
         sys.exit("continuation was not token-exact")
 

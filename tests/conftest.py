@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,39 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.proxy.app import ProxyConfig, create_app
+from nemo_polar.proxy.serve import BackgroundServer as Server
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness_requests"
-
-
-class Server:
-    """Run an ASGI app with uvicorn in a background thread on a free loopback port."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 def _start_engine(model: str) -> Iterator[str]:

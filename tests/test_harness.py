@@ -23,7 +23,8 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle
 
 pytestmark = pytest.mark.engine
-TASK_REPO = Path(__file__).parent / "fixtures" / "tasks" / "calc"
+TASK_FILE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_add" / "task.yaml"
+TASK_REPO = TASK_FILE.parent / "repo"
 CHECK = "python3 -c 'import calc; print(\"sum\", calc.add(2, 3))'"
 SCRIPT = [
     Shell(command="ls"),
@@ -232,3 +233,52 @@ def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     assert done.returncode == PROXY_UNREACHABLE
     assert done.duration_s < 30
     assert "model proxy is not reachable from the sandbox" in done.stderr.read_text()
+
+
+def test_polar_rollout_cli(proxy: ProxyHandle, engine_url: str, tmp_path: Path) -> None:
+    """`polar rollout env=polar_qwen_code task=FILE` composes the Hydra config and writes the session directory."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "rollout"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nemo_polar.cli",
+            "rollout",
+            "env=polar_qwen_code",
+            f"task={TASK_FILE}",
+            f"engine.url={engine_url}",
+            f"out={out}",
+            "timeout=300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["env"] == "polar_qwen_code" and summary["status"] == "completed" and summary["calls"] == 5
+    assert EXPECTED_PATCH in (out / "patch.diff").read_text()
+    assert json.loads((out / "session.json").read_text())["harness"] == "qwen_code"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["env=polar_cursor", "task=x.yaml"], "Could not find 'env/polar_cursor'"),
+        (
+            ["env=polar_pi", "task=missing.yaml", "engine.url=http://127.0.0.1:1"],
+            "task file missing.yaml does not exist",
+        ),
+        (["env=polar_pi", f"task={TASK_FILE}", "engine.url=null"], "no engine"),
+        (["env=polar_pi"], "task"),
+    ],
+)
+def test_polar_rollout_bad_input(overrides: list[str], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_polar.cli import main
+
+    monkeypatch.delenv("POLAR_ENGINE_URL", raising=False)
+    with pytest.raises(SystemExit, match=message):
+        main(["rollout", *overrides])
