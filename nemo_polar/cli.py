@@ -60,15 +60,21 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
     from nemo_polar.reconstruct.audit import audit
     from nemo_polar.reconstruct.builders import per_request, prefix_merging
-    from nemo_polar.reconstruct.io import load_records, recompute_logprobs, write_traces
+    from nemo_polar.reconstruct.export import export
+    from nemo_polar.reconstruct.io import load_records, recompute_logprobs
 
     build = prefix_merging if args.builder == "prefix_merging" else per_request
-    traces, failed, stats = [], 0, []
-    for session_id, records in sorted(load_records(args.records).items()):
+    traces, failed, stats, by_id = [], 0, [], {}
+    try:
+        sessions = load_records(args.records)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"polar {args.command}: {exc}") from None
+    for session_id, records in sorted(sessions.items()):
         result = build(records)
         traces += result.traces
         failed += len(result.failed_call_ids)
         stats.append({"session_id": session_id, **result.stats})
+        by_id.update((r.call_id, r) for r in records)
         if args.command == "audit":
             report = audit(result.traces, records)
             line = {"session_id": session_id, "ok": report.ok, **report.model_dump()}
@@ -78,8 +84,37 @@ def _reconstruct(args: argparse.Namespace) -> int:
             if not report.ok:
                 return 1
     if args.command == "reconstruct":
-        write_traces(traces, args.output)
-        print(json.dumps({"traces": len(traces), "failed_calls": failed, "sessions": stats}))
+        try:
+            export(traces, by_id, args.output, args.format)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"polar reconstruct: {exc}") from None
+        print(json.dumps({"traces": len(traces), "failed_calls": failed, "format": args.format, "sessions": stats}))
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from nemo_polar.env.rollout import compose, rollout, summary
+
+    try:
+        cfg = compose(args.overrides)
+        if args.cfg:
+            print(OmegaConf.to_yaml(cfg))
+            return 0
+        result = rollout(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"polar rollout: {exc}") from None
+    print(summary(cfg, result).model_dump_json(indent=2))
+    return 0 if result.status == "completed" else 1
+
+
+def _harness_install(args: argparse.Namespace) -> int:
+    from nemo_polar.env.harness import install
+
+    install(args.names or None)
     return 0
 
 
@@ -121,7 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("records", nargs="+", type=Path, help="the proxy's per-session JSONL files")
         cmd.add_argument("--builder", choices=["per_request", "prefix_merging"], default="prefix_merging")
         if name == "reconstruct":
-            cmd.add_argument("-o", "--output", type=Path, required=True, help="traces JSONL")
+            cmd.add_argument("-o", "--output", type=Path, required=True, help="the output file")
+            cmd.add_argument(
+                "--format",
+                choices=["traces", "gym", "sft-jsonl", "sft-parquet"],
+                default="traces",
+                help="traces JSONL (default), NeMo Gym result rows, or SFT rows (chat messages + token fields)",
+            )
         else:
             cmd.add_argument(
                 "--recompute-logprobs",
@@ -130,6 +171,22 @@ def build_parser() -> argparse.ArgumentParser:
                 help="recompute trainable logprobs with transformers and report |delta| and KL (k3)",
             )
         cmd.set_defaults(func=_reconstruct)
+
+    rollout = sub.add_parser(
+        "rollout",
+        help="run one harness session (Hydra overrides: env=polar_pi task=FILE runtime=bwrap engine.url=URL ...)",
+        description="Compose conf/rollout.yaml with Hydra overrides and run one session of a real coding CLI "
+        "through a proxy session; writes the session directory (records, patch, logs, transcript).",
+    )
+    rollout.add_argument("overrides", nargs="*", help="e.g. env=polar_codex task=examples/tasks/calc_add/task.yaml")
+    rollout.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    rollout.set_defaults(func=_rollout)
+
+    harness = sub.add_parser("harness", help="the pinned coding CLIs")
+    hsub = harness.add_subparsers(dest="action", required=True)
+    hinstall = hsub.add_parser("install", help="install the pinned CLIs into the shared prefix (npm)")
+    hinstall.add_argument("names", nargs="*", help="codex, claude_code, qwen_code, pi (default: all)")
+    hinstall.set_defaults(func=_harness_install)
     return parser
 
 

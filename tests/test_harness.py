@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.env.harness import HARNESSES, get_harness
+from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
 from nemo_polar.env.session import ProxyClient, SessionResult, run_session
@@ -33,6 +33,7 @@ SCRIPT = [
     Shell(command=CHECK),
     Final(text="Fixed add in calc.py."),
 ]
+PAPER_HARNESSES = ["codex", "claude_code", "qwen_code", "pi"]
 EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
 
 
@@ -57,7 +58,7 @@ def requests_text(result: SessionResult, index: int) -> str:
     return json.dumps(result.records[index].request)
 
 
-@pytest.mark.parametrize("harness", list(HARNESSES))
+@pytest.mark.parametrize("harness", PAPER_HARNESSES)
 def test_scripted_session_in_bwrap(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
     result = run(proxy, harness, tmp_path)
     assert result.status == "completed", result.error
@@ -282,3 +283,15 @@ def test_polar_rollout_bad_input(overrides: list[str], message: str, monkeypatch
     monkeypatch.delenv("POLAR_ENGINE_URL", raising=False)
     with pytest.raises(SystemExit, match=message):
         main(["rollout", *overrides])
+
+
+def test_opencode_scripted_session(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """opencode, the fifth harness: same session; its one known side request (a registry.npmjs.org lookup even
+    with plugins, model fetches and auto-update off) is refused by the sandbox and shows up in the audit."""
+    result = run(proxy, "opencode", tmp_path)
+    assert result.status == "completed", result.error
+    assert len(result.records) == 5 and all(r.complete for r in result.records)
+    assert EXPECTED_PATCH in result.patch
+    assert {a.target for a in result.egress} <= {"CONNECT registry.npmjs.org:443 HTTP/1.1"}
+    built = prefix_merging(result.records)
+    assert len(built.traces) == 1 and not built.break_reasons

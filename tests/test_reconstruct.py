@@ -13,7 +13,7 @@ import pytest
 
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
-from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
+from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult, _trace, per_request, prefix_merging
 from nemo_polar.reconstruct.io import check_contiguous, gym_output_items, load_records
 from tests.conftest import ProxyHandle, load_fixture
 
@@ -125,7 +125,8 @@ def test_chat_mode_drift_segments_instead_of_splicing() -> None:
     b = rec("b", [1, 2, 9, EOT, 20], [12, EOT], mode="chat", parent_call_id="a", render_reason="engine_render:cont")
     result = prefix_merging([a, b])
     assert calls_of(result) == [["a"], ["b"]]
-    assert result.traces[1].break_reason == "context_mismatch"
+    assert result.traces[1].break_reason == "retokenized"  # a's prompt is intact, its turn is not
+    assert [(t.role, t.segment) for t in result.traces] == [("main", 0), ("main", 1)]
     assert audit(result.traces, [a, b]).ok  # each trace's context is what the engine saw
 
 
@@ -245,3 +246,149 @@ def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url
     assert report["mean_abs_logprob_delta"] < 0.05 and 0.0 <= report["kl_k3"] < 0.01
     shifted = trace.model_copy(update={"logprobs": [lp + 1.0 if lp is not None else None for lp in trace.logprobs]})
     assert recompute_logprobs([shifted], Path(model_dir))["mean_abs_logprob_delta"] > 0.9
+
+
+# -- chat mode: the engine re-renders history, so a call merges only where its prompt provably extends the chain --
+IM_START, ASSISTANT, NL, ENDOFTEXT = 151644, 77091, 198, 151643
+HEADER = [IM_START, ASSISTANT, NL]  # "<|im_start|>assistant\n"
+GLUE = [151667, 271, 151668, 271]  # "<think>\n\n</think>\n\n": Qwen3's generation prompt with thinking off
+CONTEXT = [IM_START, 8948, NL, 100, 101, EOT, NL, IM_START, 872, NL, 102, 103, EOT, NL]  # system + user turns
+
+
+def full(r: CallRecord) -> list[int]:
+    return r.prompt_token_ids + r.sampled_token_ids
+
+
+def tool_turn(n: int) -> list[int]:
+    return [IM_START, 872, NL, 500 + n, 501 + n, EOT, NL]  # a "<tool_response>" user turn
+
+
+def chat(call_id: str, prompt: list[int], sampled: list[int], parent: CallRecord | None = None) -> CallRecord:
+    return rec(
+        call_id,
+        prompt,
+        sampled,
+        mode="chat",
+        parent_call_id=parent.call_id if parent else None,
+        render_reason="engine_render:continuation" if parent else "engine_render:first_call",
+    )
+
+
+def every_sampled_id_is_trainable_once(result: BuildResult, records: list[CallRecord]) -> bool:
+    return sum(t.trainable_tokens for t in result.traces) == sum(len(r.sampled_token_ids) for r in records)
+
+
+def test_chat_mode_exact_re_render_merges_including_an_unreported_end_of_turn() -> None:
+    a = chat("a", CONTEXT + HEADER + GLUE, [200, 201, EOT])
+    # b stopped on the end-of-turn token without the engine reporting it among the sampled ids
+    b = chat("b", [*full(a), NL, *tool_turn(0), *HEADER, *GLUE], [300, 301], parent=a)
+    # the template closes b's turn in the re-render: that EOT is the first token of c's masked interstitial
+    c = chat("c", [*full(b), EOT, NL, *tool_turn(1), *HEADER, *GLUE], [400, EOT], parent=b)
+    result = prefix_merging([a, b, c])
+    [trace] = result.traces
+    assert trace.call_ids == ["a", "b", "c"] and trace.break_reason is None and not result.break_reasons
+    eot_after_b = trace.spans[1].end
+    assert trace.response_ids[eot_after_b] == EOT and trace.loss_mask[eot_after_b] == 0
+    assert trace.logprobs[eot_after_b] is None
+    assert audit(result.traces, [a, b, c]).ok
+
+
+def test_chat_mode_dropped_generation_glue_segments_every_call() -> None:
+    a = chat("a", CONTEXT + HEADER + GLUE, [200, 201, EOT])
+    # the re-render of a's turn omits the glue a was sampled after; its sampled ids follow verbatim
+    b = chat("b", CONTEXT + HEADER + [200, 201, EOT, NL, *tool_turn(0), *HEADER, *GLUE], [300, EOT], parent=a)
+    c_prompt = [*b.prompt_token_ids[: -len(GLUE)], 300, EOT, NL, *tool_turn(1), *HEADER, *GLUE]
+    c = chat("c", c_prompt, [400, EOT], parent=b)
+    records = [a, b, c]
+    result = prefix_merging(records)
+    assert calls_of(result) == [["a"], ["b"], ["c"]]
+    assert [(t.role, t.segment, t.break_reason) for t in result.traces] == [
+        ("main", 0, None),
+        ("main", 1, "template_glue"),
+        ("main", 2, "template_glue"),
+    ]
+    assert result.break_reasons == {"template_glue": 2}
+    assert every_sampled_id_is_trainable_once(result, records)
+    assert audit(result.traces, records).ok
+    # why it cannot merge: a spliced trace would give b a context (with the glue) that the engine never saw
+    spliced = _trace([a, b], "main", 0, None, BuilderConfig())
+    assert audit([spliced], records).context_mismatch == ["b"]
+    # the glue list only names the break: without it the same calls segment as a plain context mismatch
+    plain = prefix_merging(records, BuilderConfig(generation_glue=[]))
+    assert calls_of(plain) == calls_of(result) and plain.break_reasons == {"context_mismatch": 2}
+
+
+def test_chat_mode_glue_kept_in_history_merges() -> None:
+    a = chat("a", CONTEXT + HEADER + GLUE, [200, EOT])
+    b = chat("b", [*full(a), NL, *tool_turn(0), *HEADER, *GLUE], [300, EOT], parent=a)
+    [trace] = prefix_merging([a, b]).traces
+    assert trace.call_ids == ["a", "b"] and audit([trace], [a, b]).ok
+    # glue kept but the turn re-tokenised: the turn is what differs
+    b2 = chat("b2", [*a.prompt_token_ids, 299, EOT, NL, *tool_turn(0), *HEADER, *GLUE], [300, EOT], parent=a)
+    assert [t.break_reason for t in prefix_merging([a, b2]).traces] == [None, "retokenized"]
+
+
+def test_chat_mode_retokenized_turn_leaves_the_chain_and_keeps_its_tokens() -> None:
+    a = chat("a", CONTEXT + HEADER, [200, 201, EOT])
+    b = chat("b", [*full(a), NL, *tool_turn(0), *HEADER], [300, 301, 302, EOT], parent=a)
+    # c's re-render tokenises b's turn canonically ([300, 301, 302] -> [300, 399]); everything before it is intact
+    c = chat("c", [*b.prompt_token_ids, 300, 399, EOT, NL, *tool_turn(1), *HEADER], [400, EOT], parent=b)
+    d = chat("d", [*full(c), NL, *tool_turn(2), *HEADER], [401, EOT], parent=c)
+    records = [a, b, c, d]
+    result = prefix_merging(records)
+    # c provably extends a: b's re-rendered turn is masked context there, and b keeps its own trace
+    assert calls_of(result) == [["a", "c", "d"], ["b"]]
+    main, off = result.traces
+    assert main.break_reason is None and off.break_reason == "retokenized"
+    assert [(t.role, t.segment) for t in result.traces] == [("main", 0), ("main", 1)]
+    assert result.break_reasons == {"retokenized": 1}
+    c_span = main.spans[1]
+    masked = main.response_ids[c_span.context_start : c_span.start]
+    assert masked == c.prompt_token_ids[len(full(a)) :] and 399 in masked
+    assert set(main.loss_mask[c_span.context_start : c_span.start]) == {0}
+    assert off.response_ids == b.sampled_token_ids and off.loss_mask == [1, 1, 1, 1]
+    assert every_sampled_id_is_trainable_once(result, records)
+    assert audit(result.traces, records).ok
+
+
+def test_chat_mode_retokenized_first_turn_starts_a_segment() -> None:
+    # the first turn is re-tokenised, so nothing earlier prefixes b: b starts the chain's next segment
+    a = chat("a", CONTEXT + HEADER, [200, 201, ENDOFTEXT])  # stopped on <|endoftext|>; the template closes with EOT
+    b = chat("b", CONTEXT + HEADER + [200, 201, EOT, NL, *tool_turn(0), *HEADER], [300, EOT], parent=a)
+    c = chat("c", [*full(b), NL, *tool_turn(1), *HEADER], [400, EOT], parent=b)
+    records = [a, b, c]
+    result = prefix_merging(records)
+    assert calls_of(result) == [["a"], ["b", "c"]]
+    assert [(t.role, t.segment, t.break_reason) for t in result.traces] == [
+        ("main", 0, None),
+        ("main", 1, "retokenized"),
+    ]
+    assert every_sampled_id_is_trainable_once(result, records)
+    assert audit(result.traces, records).ok
+
+
+def test_chat_mode_history_change_before_the_turn_is_a_context_mismatch() -> None:
+    a = chat("a", CONTEXT + HEADER, [200, EOT])
+    edited = [*CONTEXT[:3], 999, *CONTEXT[4:]]  # the harness rewrote the system prompt
+    b = chat("b", edited + HEADER + [200, EOT, NL, *tool_turn(0), *HEADER], [300, EOT], parent=a)
+    result = prefix_merging([a, b])
+    assert [t.break_reason for t in result.traces] == [None, "context_mismatch"]
+    assert audit(result.traces, [a, b]).ok
+
+
+def test_chain_left_by_a_later_call_carries_that_calls_reason() -> None:
+    a = chat("a", CONTEXT + HEADER, [200, EOT])
+    b = chat("b", [*full(a), NL, *tool_turn(0), *HEADER], [300, 301, EOT], parent=a)
+    c = chat("c", [*full(b), NL, *tool_turn(1), *HEADER], [400, EOT], parent=b)
+    # d (linked to c) re-renders b's turn differently, so it extends only a; e goes on from d
+    d_prompt = [*b.prompt_token_ids, 399, EOT, NL, *tool_turn(1), *HEADER, 400, EOT, NL, *tool_turn(2), *HEADER]
+    d = chat("d", d_prompt, [500, EOT], parent=c)
+    e = chat("e", [*full(d), NL, *tool_turn(3), *HEADER], [600, EOT], parent=d)
+    records = [a, b, c, d, e]
+    result = prefix_merging(records)
+    # the longer chain continues from a; b's branch (holding c) is the one that left it, and says why
+    assert calls_of(result) == [["a", "d", "e"], ["b", "c"]]
+    assert [t.break_reason for t in result.traces] == [None, "context_mismatch"]
+    assert result.break_reasons == {"context_mismatch": 1}
+    assert every_sampled_id_is_trainable_once(result, records)
+    assert audit(result.traces, records).ok

@@ -1,10 +1,33 @@
-"""Build traces from a session's call records.
+r"""Build traces from a session's call records.
 
 ``per_request``: one trace per call. ``prefix_merging``: calls are linked in token space — a call extends the
 earlier call whose full sequence (prompt + sampled ids) is a prefix of its prompt — and each path of that tree
 becomes one trace in which every call contributes its context delta (masked) and its sampled ids (trainable).
 Nothing is dropped: siblings (retries, branches) that a later call does not extend become traces of their own,
 calls that extend nothing start new traces with the reason recorded, and failed calls are listed in the result.
+
+Merging rule, in every mode: call B is stitched after call A only when B's recorded prompt is A's prompt + A's
+sampled ids + an interstitial, token for token. The interstitial (an end-of-turn token the sampled ids lack,
+tool results, the next generation prompt and its glue) is then taken verbatim from B's prompt and masked, so
+the stitched context of every call is provably the prompt the engine was given (what the audit checks). A turn
+that stopped without its end-of-turn token among the sampled ids therefore merges: the template's end-of-turn
+is the first token of B's interstitial, exactly as in continuation mode.
+
+When the proxy linked B to A (``parent_call_id``) and the rule fails (``chat`` mode: the engine re-rendered the
+history), B is not spliced; the reason says why:
+
+- ``template_glue``: A's prompt ends with glue the template adds to the generation prompt but not to the same
+  turn in history (Qwen3's empty ``<think>\n\n</think>\n\n`` with thinking off), and B's prompt is A's prompt
+  without it. A's ids were sampled after the glue, B's after a history without it: no single token sequence
+  holds both contexts, so this is not provable (a template that keeps the glue in history merges).
+- ``retokenized``: B's prompt keeps A's whole prompt, but the ids of A's turn in it differ from the sampled
+  ones (the re-render tokenised non-canonical sampled ids canonically, or rewrote the turn's end or
+  whitespace). Stitching A's sampled ids would give B a context the engine never saw.
+- ``context_mismatch``: B's prompt differs from A's before A's turn.
+
+If B still extends an earlier call of the chain (A's turn was re-tokenised but everything before it is intact),
+B is stitched there with A's re-rendered turn as masked context, and A's own trace carries the reason. Otherwise
+B starts a new segment: the role of the chain it continues and the next segment number.
 """
 
 from __future__ import annotations
@@ -34,9 +57,17 @@ DEFAULT_SIDE_RULES = [
 ]
 
 
+# "<think>\n\n</think>\n\n" in the Qwen2.5/Qwen3 vocabulary: Qwen3's generation prompt with thinking disabled.
+QWEN3_EMPTY_THINK = [151667, 271, 151668, 271]
+
+
 class BuilderConfig(BaseModel):
     mask_truncated: bool = Field(default=False, description="mask the sampled ids of calls cut by max_tokens")
     side_rules: list[SideRule] = Field(default_factory=lambda: list(DEFAULT_SIDE_RULES))
+    generation_glue: list[list[int]] = Field(
+        default_factory=lambda: [list(QWEN3_EMPTY_THINK)],
+        description="id sequences a template appends to the generation prompt only; names breaks, never merges",
+    )
 
 
 @dataclass
@@ -99,6 +130,18 @@ def _full(rec: CallRecord) -> list[int]:
 def _extends(child: CallRecord, parent: CallRecord) -> bool:
     n = len(parent.prompt_token_ids) + len(parent.sampled_token_ids)
     return n <= len(child.prompt_token_ids) and child.prompt_token_ids[:n] == _full(parent)
+
+
+def _mismatch(child: CallRecord, parent: CallRecord, glue: list[list[int]]) -> str:
+    """Why ``child``'s prompt is not ``parent``'s full sequence + an interstitial (see the module docstring)."""
+    prompt, before = child.prompt_token_ids, parent.prompt_token_ids
+    if prompt[: len(before)] == before:
+        return "retokenized"
+    for tail in glue:
+        head = len(before) - len(tail)
+        if tail and head >= 0 and before[head:] == tail and prompt[:head] == before[:head]:
+            return "template_glue"
+    return "context_mismatch"
 
 
 def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None, cfg: BuilderConfig) -> Trace:
@@ -176,16 +219,27 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
     by_id = {r.call_id: r for r in agent}
     parent: dict[str, str | None] = {}
     children: dict[str, list[str]] = {r.call_id: [] for r in agent}
+    split: dict[str, str] = {}  # call -> why it leaves the chain the proxy linked it into
+    origin: dict[str, str] = {}  # call -> the root of the chain it belongs to, across segments
     seen: list[CallRecord] = []
     for rec in agent:
         hint = by_id.get(rec.parent_call_id or "")
-        if hint is not None and hint.call_id in parent and _extends(rec, hint):
+        hint = hint if hint is not None and hint.call_id in parent else None
+        if hint is not None and _extends(rec, hint):
             found: CallRecord | None = hint
         else:  # the longest earlier full sequence that is a prefix of this prompt
             found = max((p for p in seen if _extends(rec, p)), key=lambda p: len(_full(p)), default=None)
+            if hint is not None:
+                split[rec.call_id] = _mismatch(rec, hint, cfg.generation_glue)
+                fork = _child_towards(hint.call_id, found.call_id, parent) if found else None
+                if fork is not None:  # whichever of rec and the hint's branch is not continued carries the reason
+                    split[fork] = split[rec.call_id]
         parent[rec.call_id] = found.call_id if found else None
         if found is not None:
             children[found.call_id].append(rec.call_id)
+            origin[rec.call_id] = origin[found.call_id]
+        else:
+            origin[rec.call_id] = origin[hint.call_id] if hint is not None else rec.call_id
         seen.append(rec)
 
     size: dict[str, int] = {}
@@ -194,12 +248,16 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
 
     result = BuildResult([], failed)
     main_root = next((r.call_id for r in agent if parent[r.call_id] is None), None)
+    segments: Counter[str] = Counter()
     for rec in agent:
         if parent[rec.call_id] is not None:
             continue
-        reason = _root_reason(rec)
-        role: Role = "main" if rec.call_id == main_root else _root_role(rec)
-        result.traces += _paths(rec.call_id, by_id, children, size, role, reason, result.break_reasons, cfg)
+        reason = split.get(rec.call_id) or _root_reason(rec)
+        chain = origin[rec.call_id]
+        role: Role = "main" if chain == main_root else _root_role(by_id[chain])
+        traces = _paths(rec.call_id, by_id, children, size, split, role, reason, segments[chain], result, cfg)
+        segments[chain] += len(traces)
+        result.traces += traces
         if reason:
             result.break_reasons[reason] += 1
     for rec in side:
@@ -209,8 +267,17 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
     return result
 
 
+def _child_towards(node: str, ancestor: str, parent: dict[str, str | None]) -> str | None:
+    """The child of ``ancestor`` on the path up from ``node``, or None when ``ancestor`` is not above ``node``."""
+    while (up := parent[node]) is not None:
+        if up == ancestor:
+            return node
+        node = up
+    return None
+
+
 def _root_reason(rec: CallRecord) -> str | None:
-    if rec.parent_call_id is not None:  # the proxy linked it, but the engine's prompt is not an exact extension
+    if rec.parent_call_id is not None:  # linked to a call not traced here (failed, a side call, another file)
         return "context_mismatch"
     reason = (rec.render_reason or "").removeprefix("engine_render:")
     return None if reason in ("first_call", "") else reason
@@ -226,13 +293,16 @@ def _paths(
     by_id: dict[str, CallRecord],
     children: dict[str, list[str]],
     size: dict[str, int],
+    split: dict[str, str],
     role: Role,
     reason: str | None,
-    reasons: Counter[str],
+    first_segment: int,
+    result: BuildResult,
     cfg: BuilderConfig,
 ) -> list[Trace]:
     """Split a call tree into paths: each node continues into the child with the largest subtree (ties go to the
-    later call, which is what a retry replaces); every other child starts a new path ("branch")."""
+    later call, which is what a retry replaces); every other child starts a new path ("branch", or why it left
+    the chain the proxy linked it into)."""
     traces: list[Trace] = []
     pending: list[tuple[str, str | None]] = [(root, reason)]
     while pending:
@@ -243,9 +313,10 @@ def _paths(
             best = max(kids, key=lambda c: (size[c], by_id[c].started_at))
             for other in kids:
                 if other != best:
-                    pending.append((other, "branch"))
-                    reasons["branch"] += 1
+                    other_why = split.get(other, "branch")
+                    pending.append((other, other_why))
+                    result.break_reasons[other_why] += 1
             node = best
             path.append(by_id[node])
-        traces.append(_trace(path, role, len(traces), why, cfg))
+        traces.append(_trace(path, role, first_segment + len(traces), why, cfg))
     return traces

@@ -5,10 +5,11 @@ from __future__ import annotations
 from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch
 from nemo_polar.env.harness.claude_code import ClaudeCode
 from nemo_polar.env.harness.codex import Codex
+from nemo_polar.env.harness.opencode import OpenCode
 from nemo_polar.env.harness.pi import Pi
 from nemo_polar.env.harness.qwen_code import QwenCode
 
-HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi)}
+HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode)}
 
 
 def get_harness(name: str, **options: object) -> Harness:
