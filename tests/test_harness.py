@@ -19,7 +19,9 @@ from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
 from nemo_polar.env.session import ProxyClient, SessionResult, run_session
 from nemo_polar.env.workspace import Task
 from nemo_polar.reconstruct.audit import audit
-from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.builders import per_request, prefix_merging
+from nemo_polar.reconstruct.export import sft_rows
+from nemo_polar.reconstruct.io import check_contiguous, gym_output_items, recompute_logprobs
 from tests.conftest import ProxyHandle
 
 pytestmark = pytest.mark.engine
@@ -35,6 +37,13 @@ SCRIPT = [
 ]
 PAPER_HARNESSES = ["codex", "claude_code", "qwen_code", "pi"]
 EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def model_dir(engine_url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
 
 
 def task() -> Task:
@@ -59,7 +68,7 @@ def requests_text(result: SessionResult, index: int) -> str:
 
 
 @pytest.mark.parametrize("harness", PAPER_HARNESSES)
-def test_scripted_session_in_bwrap(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
+def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: str, tmp_path: Path) -> None:
     result = run(proxy, harness, tmp_path)
     assert result.status == "completed", result.error
     assert result.exit_code == 0
@@ -88,6 +97,24 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, harness: str, tmp_path: P
     assert not built.break_reasons
     report = audit(built.traces, recs)
     assert report.ok, report
+
+    # The rest of reconstruction on the same real session: per-request traces, the NeMo Gym export (the
+    # contiguity rule NeMo-RL asserts), SFT rows with messages, and logprob recomputation under the same weights.
+    per_call = per_request(recs)
+    assert len(per_call.traces) == 5 and audit(per_call.traces, recs).ok
+    items = gym_output_items(main[0], {r.call_id: r for r in recs})
+    check_contiguous(items)
+    assert [it["generation_token_ids"] for it in items] == [r.sampled_token_ids for r in recs]
+    [row] = sft_rows(built.traces, recs, {result.session_id: {"harness": harness}})
+    assert row.messages[-1].role == "assistant" and row.messages[-1].content == "Fixed add in calc.py."
+    assert any(m.role == "tool" and "return a - b" in (m.content or "") for m in row.messages)
+    assert json.loads(row.metadata)["harness"] == harness
+    # Scripted turns are off-policy by construction: vLLM applies the structured-output mask before it computes
+    # logprobs, so the recorded logprobs are the constrained sampler's (near 0), not the policy's. Recomputing
+    # under the same weights without the mask exposes exactly that, which is what the audit is for.
+    drift = recompute_logprobs(built.traces, Path(model_dir))
+    assert drift["tokens"] == main[0].trainable_tokens
+    assert drift["mean_abs_logprob_delta"] > 1.0 and drift["kl_k3"] > 1.0, drift
 
     saved = json.loads((tmp_path / "session" / "session.json").read_text())
     assert saved["status"] == "completed" and saved["harness"] == harness

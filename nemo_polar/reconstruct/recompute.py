@@ -27,15 +27,21 @@ def main(model_dir: str, traces_path: str) -> dict[str, float | int]:
         for line in fh:
             trace = json.loads(line)
             ids = trace["prompt_ids"] + trace["response_ids"]
-            logits = model(torch.tensor([ids])).logits[0].float()
-            logp = torch.log_softmax(logits, dim=-1)
             offset = len(trace["prompt_ids"])
-            for i, (mask, engine_lp) in enumerate(zip(trace["loss_mask"], trace["logprobs"], strict=True)):
-                if not mask or engine_lp is None:
-                    continue
-                pos = offset + i
-                mine = float(logp[pos - 1, ids[pos]])  # the logit at pos-1 predicts token pos
-                r = mine - float(engine_lp)
+            wanted = [
+                (offset + i, lp)
+                for i, (mask, lp) in enumerate(zip(trace["loss_mask"], trace["logprobs"], strict=True))
+                if mask and lp is not None
+            ]
+            if not wanted:
+                continue
+            # Only the rows that predict trainable tokens: full [seq, vocab] logits of a 20k-token agent context
+            # would need ~12 GB. The logit at pos-1 predicts the token at pos.
+            rows = torch.tensor([pos - 1 for pos, _ in wanted])
+            logits = model(torch.tensor([ids]), logits_to_keep=rows).logits[0].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            for row, (pos, engine_lp) in enumerate(wanted):
+                r = float(logp[row, ids[pos]]) - float(engine_lp)
                 deltas.append(abs(r))
                 k3.append(math.exp(r) - 1 - r)
     n = len(deltas)
