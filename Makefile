@@ -9,9 +9,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import engine_python; print(engine_python())')
 
-.PHONY: setup venv engine models system harnesses test lint demo bench clean
+.PHONY: setup venv engine models system harnesses task-env test lint demo bench clean
 
-setup: venv engine models system harnesses
+setup: venv engine models system harnesses task-env docker
 
 venv: $(VENV)/.installed
 
@@ -30,9 +30,19 @@ models: venv engine
 system:
 	bash scripts/setup_system.sh
 
+# The docker runtime (bwrap is the default): docker.io, a dockerd with no bridge and no iptables rules, and the
+# sandbox image built from a debootstrapped Debian, no registry needed. Idempotent; needs root the first time.
+.PHONY: docker
+docker:
+	bash scripts/setup_docker.sh
+
 # The coding CLIs at their pinned versions, installed once into $(POLAR_CACHE)/harnesses (mounted read-only).
 harnesses: venv
 	$(BIN)/python -m nemo_polar.env.harness
+
+# The Python environment the bundled SWE-style tasks are tested in (system Python 3 + pinned pytest).
+task-env:
+	bash scripts/setup_task_env.sh
 
 lint: venv
 	$(BIN)/ruff check .
@@ -48,6 +58,7 @@ bench: setup
 	$(BIN)/python -m bench.proxy_overhead
 	$(BIN)/python -m bench.stream_ttfb
 	$(BIN)/python -m bench.merge
+	$(BIN)/python -m bench.grade
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -91,7 +91,11 @@ def run_session(
     session_config: dict[str, Any] | None = None,
     timeout: float = 600.0,
     model: str = "local-model",
+    mounts: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
 ) -> SessionResult:
+    """``mounts`` (read-only, path inside -> host path) and ``env`` give the CLI's tools the task's environment,
+    e.g. a Python virtualenv first on ``PATH``."""
     t0 = time.monotonic()
     root = harness.require()
     session_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +105,11 @@ def run_session(
     prepare_workspace(task, workspace)
 
     spec = SandboxSpec(
-        workspace=workspace, home=home, run_dir=run_dir, proxy_url=proxy.url, mounts={HARNESS_MOUNT: root}
+        workspace=workspace,
+        home=home,
+        run_dir=run_dir,
+        proxy_url=proxy.url,
+        mounts={HARNESS_MOUNT: root, **(mounts or {})},
     )
     with runtime:
         runtime.start(spec)
@@ -124,7 +132,11 @@ def run_session(
             (home / rel).write_text(text)
         t_run = time.monotonic()
         done = runtime.exec(
-            launch.argv, launch.env, cwd=paths.workspace, timeout=timeout, log_prefix=session_dir / "harness"
+            launch.argv,
+            {**(env or {}), **launch.env},
+            cwd=paths.workspace,
+            timeout=timeout,
+            log_prefix=session_dir / "harness",
         )
         t_post = time.monotonic()
         egress = runtime.egress_attempts()

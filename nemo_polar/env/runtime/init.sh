@@ -1,11 +1,13 @@
 #!/bin/bash
 # Sandbox init: relays to the host over the bound Unix sockets, a fail-fast proxy check, then the command.
 # The proxy is the only route out; DNS and HTTP(S)_PROXY go to the egress audit, which refuses and records.
+# Without POLAR_PROXY_PORT (grading) there is no proxy route at all, only the audit.
 run=/run/polar
-port=$POLAR_PROXY_PORT
-socat TCP-LISTEN:"$port",bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/proxy.sock 2>/dev/null &
+port=${POLAR_PROXY_PORT:-}
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/egress-http.sock 2>/dev/null &
 socat UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:$run/egress-dns.sock 2>/dev/null &
+if [ -z "$port" ]; then exec "$@"; fi
+socat TCP-LISTEN:"$port",bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/proxy.sock 2>/dev/null &
 for _ in $(seq 100); do
   (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break
   sleep 0.02

@@ -1,0 +1,197 @@
+"""Docker runtime: one container per session from a locally built image (``scripts/setup_docker.sh``), with no
+network at all, no capabilities, a read-only root, CPU/memory/pids limits, and the same view as bwrap: the workspace
+and home writable, the harness installs and the host's node read-only, and the proxy reached through the relays.
+
+Commands run through ``docker exec`` and the same ``init.sh`` (fail-fast proxy check; with no proxy, for grading, no
+route out at all). The relays themselves belong to the container's first process, which keeps them for its lifetime:
+an exec's own relays would hold its output open, and ``docker exec`` waits for that (2 s per exec). ``init.sh`` finds
+the ports taken, its relays exit at once, and its proxy check runs as under bwrap. Killing a ``docker exec`` client
+leaves the command running in the container, so a timeout also kills, inside, everything outside the first process's
+session.
+
+The runtime does not start a daemon or build the image itself: that needs root, so ``make docker`` does it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nemo_polar.env.runtime.base import PROXY_PORT, ExecResult, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.env.runtime.hostside import ETC, RunDir, base_env, require
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
+IMAGE = "nemo-polar/runtime:1"
+SETUP = "run `make docker` (scripts/setup_docker.sh: installs docker.io, starts dockerd, builds the image)"
+RUN = "/run/polar"
+LABEL = "nemo_polar.runtime"
+READY = "polar-relays-ready"
+
+
+def keeper(proxy: bool) -> str:
+    """The container's first process: init.sh's relays (the proxy's only if there is a proxy), held for the
+    container's lifetime, then a reaper loop (bash reaps orphans; a timeout kill ends its sleep, not it). Ready once
+    they all listen (/proc/net: hex ports, 0A = LISTEN); probing them by connecting would show up in the audit."""
+    relays = [
+        f"TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{RUN}/egress-http.sock",
+        f"UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:{RUN}/egress-dns.sock",
+    ]
+    listening = ["grep -q ':0C38 00000000:0000 0A' /proc/net/tcp", "grep -q ':0035 ' /proc/net/udp"]
+    if proxy:
+        relays.append(f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{RUN}/proxy.sock")
+        listening.append(f"grep -q ':{PROXY_PORT:04X} 00000000:0000 0A' /proc/net/tcp")
+    return "".join(f"socat {r} 2>/dev/null &\n" for r in relays) + (
+        f"for _ in $(seq 500); do {' && '.join(listening)} && break; sleep 0.01; done\n"
+        f"echo {READY}\n"
+        "trap 'exit 0' TERM\n"
+        "while :; do sleep 86400 & wait $!; done\n"
+    )
+
+
+def docker_client(timeout: float = 60) -> DockerClient:
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError:
+        raise RuntimeUnavailable("the docker runtime needs the docker SDK: pip install 'docker>=7'") from None
+    try:
+        client = docker.from_env(timeout=int(timeout))
+        client.ping()
+    except DockerException as exc:
+        raise RuntimeUnavailable(f"no docker daemon answers ({exc}); {SETUP}") from None
+    return client
+
+
+class DockerRuntime(Runtime):
+    name = "docker"
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        cpus: float = 2.0,
+        memory: str = "4g",
+        pids: int = 1024,
+        node: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.image = image or os.environ.get("POLAR_DOCKER_IMAGE") or IMAGE
+        self.cpus = min(cpus, os.cpu_count() or 1)  # the daemon refuses more CPUs than the machine has
+        self.memory = memory
+        self.pids = pids
+        self.node = node
+        self.client: DockerClient | None = None
+        self.container: Container | None = None
+        self.run: RunDir | None = None
+
+    @property
+    def paths(self) -> SandboxPaths:
+        return SandboxPaths(workspace="/workspace", home="/root")
+
+    def start(self, spec: SandboxSpec) -> None:
+        require("docker", "socat", hint=f"install docker.io and socat; {SETUP}")
+        node = self.node or (Path(found).resolve() if (found := shutil.which("node")) else None)
+        if node is None or not node.is_file():
+            raise RuntimeUnavailable("node not found on the host: the harnesses run on the host's node, bound in")
+        client = docker_client()
+        from docker.errors import ImageNotFound
+
+        try:
+            client.images.get(self.image)
+        except ImageNotFound:
+            client.close()
+            raise RuntimeUnavailable(f"docker image {self.image} is missing; {SETUP}") from None
+        self.client = client
+
+        self.spec = spec
+        self.run = RunDir(spec)
+        self.audit = self.run.audit
+        command = ["/bin/bash", "-c", keeper(proxy=spec.proxy_url is not None)]
+        self.container = client.containers.run(self.image, command, **self._config(spec, node))
+        self._wait_ready()
+
+    def _config(self, spec: SandboxSpec, node: Path) -> dict[str, Any]:
+        from docker.types import Mount
+
+        def bind(target: str, source: Path, read_only: bool = True) -> Mount:
+            return Mount(target, str(source), type="bind", read_only=read_only)
+
+        mounts = [bind(f"/etc/{name}", spec.run_dir / "etc" / name) for name in ETC]
+        mounts += [bind(RUN, spec.run_dir), bind("/usr/bin/node", node)]
+        mounts += [bind(inside, host) for inside, host in spec.mounts.items()]
+        mounts += [bind(self.paths.workspace, spec.workspace, False), bind(self.paths.home, spec.home, False)]
+        return {
+            "detach": True,
+            "mounts": mounts,
+            "network_mode": "none",
+            "hostname": "sandbox",
+            # As under bwrap: the caller's own uid, so what the harness writes stays the caller's.
+            "user": f"{os.getuid()}:{os.getgid()}",
+            "working_dir": self.paths.workspace,
+            "read_only": True,
+            "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
+            # No capabilities at all: the DNS audit's port 53 is made unprivileged in the container's own netns.
+            "cap_drop": ["ALL"],
+            "sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
+            "security_opt": ["no-new-privileges"],
+            "nano_cpus": int(self.cpus * 1e9),
+            "mem_limit": self.memory,
+            "memswap_limit": self.memory,
+            "pids_limit": self.pids,
+            "labels": {LABEL: self.name, f"{LABEL}.run_dir": str(spec.run_dir)},
+        }
+
+    def _wait_ready(self, timeout: float = 10.0) -> None:
+        assert self.container is not None
+        deadline = time.monotonic() + timeout
+        while READY.encode() not in self.container.logs():
+            self.container.reload()
+            if self.container.status != "running" or time.monotonic() > deadline:
+                logs = self.container.logs().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"docker sandbox did not start (status {self.container.status}): {logs}")
+            time.sleep(0.01)
+
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
+        assert self.spec is not None and self.container is not None, "start() first"
+        cmd = ["docker", "exec", "-i", "-w", cwd]
+        for key, value in {**base_env(self.paths.home, proxy=self.spec.proxy_url is not None), **env}.items():
+            cmd += ["-e", f"{key}={value}"]
+        return [*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv]
+
+    def exec(
+        self, argv: list[str], env: dict[str, str], *, cwd: str | None, timeout: float, log_prefix: Path
+    ) -> ExecResult:
+        done = super().exec(argv, env, cwd=cwd, timeout=timeout, log_prefix=log_prefix)
+        if done.timed_out:
+            self.kill_commands()
+        return done
+
+    def kill_commands(self) -> None:
+        """Kill every command in the container: all processes outside the first one's session (the relays')."""
+        from docker.errors import APIError
+
+        # The container may be gone already (an OOM kill of pid 1): then nothing is left to kill.
+        if self.container is not None:
+            with contextlib.suppress(APIError):
+                self.container.exec_run(["pkill", "-KILL", "--inverse", "--session", "1"])
+
+    def stop(self) -> None:
+        if self.container is not None:
+            from docker.errors import NotFound
+
+            with contextlib.suppress(NotFound):
+                self.container.remove(force=True)
+            self.container = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.run is not None:
+            self.run.close()
+            self.run = None

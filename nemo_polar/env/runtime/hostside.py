@@ -1,0 +1,85 @@
+"""The host side every isolated runtime shares: the generated /etc, the sandbox init script, the environment
+inside, the proxy relay's host end and the egress audit, all living in the session's run directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from nemo_polar.env.runtime.base import PROXY_PORT, RuntimeUnavailable, SandboxSpec, kill_group
+from nemo_polar.env.runtime.egress import EgressAudit
+
+INIT = Path(__file__).with_name("init.sh")
+ETC = {
+    "resolv.conf": "nameserver 127.0.0.1\n",
+    "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+    "passwd": "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+}
+
+
+def require(*tools: str, hint: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise RuntimeUnavailable(f"{', '.join(missing)} not found on PATH: {hint}")
+
+
+def base_env(home: str, proxy: bool = True) -> dict[str, str]:
+    """The environment inside a sandbox; ``POLAR_PROXY_PORT`` tells init.sh to relay and check the proxy."""
+    audit = "http://127.0.0.1:3128"
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "USER": "root",
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "TMPDIR": "/tmp",
+        "HTTP_PROXY": audit,
+        "HTTPS_PROXY": audit,
+        "http_proxy": audit,
+        "https_proxy": audit,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "NODE_USE_ENV_PROXY": "1",
+    }
+    if proxy:
+        env["POLAR_PROXY_PORT"] = str(PROXY_PORT)
+    return env
+
+
+class HostRelay:
+    """Host side of the proxy route: ``run_dir/proxy.sock`` forwarded to the proxy's TCP port."""
+
+    def __init__(self, run_dir: Path, proxy_url: str) -> None:
+        url = urlsplit(proxy_url)
+        self.socket = run_dir / "proxy.sock"
+        self.proc = subprocess.Popen(
+            ["socat", f"UNIX-LISTEN:{self.socket},fork,mode=666", f"TCP:{url.hostname}:{url.port or 80}"],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def close(self) -> None:
+        kill_group(self.proc, grace=1.0)
+
+
+class RunDir:
+    """Populate ``spec.run_dir`` (mounted at /run/polar inside) and serve its sockets for the sandbox's lifetime."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        etc = spec.run_dir / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        for name, text in ETC.items():
+            (etc / name).write_text(text)
+        shutil.copy(INIT, spec.run_dir / "init.sh")
+        self.audit = EgressAudit(spec.run_dir)
+        self.relay = HostRelay(spec.run_dir, spec.proxy_url) if spec.proxy_url else None
+
+    def close(self) -> None:
+        if self.relay:
+            self.relay.close()
+        self.audit.close()
