@@ -111,6 +111,44 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def _grade(args: argparse.Namespace) -> int:
+    import json
+
+    from nemo_polar.rewards.grader import Prediction, grade_many
+    from nemo_polar.rewards.instance import bundled_instances, load_instances
+
+    try:
+        instances = bundled_instances() if str(args.instances) == "bundled" else load_instances(args.instances)
+        by_id = {inst.instance_id: inst for inst in instances}
+        text = args.predictions.read_text()
+        rows = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(x) for x in text.splitlines() if x.strip()]
+        )
+        preds = [Prediction.model_validate(r) for r in rows]
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"polar grade: {exc}") from None
+    unknown = [p.instance_id for p in preds if p.instance_id not in by_id]
+    if unknown:
+        raise SystemExit(f"polar grade: predictions for unknown instances: {', '.join(unknown[:10])}")
+    results = grade_many([(by_id[p.instance_id], p.model_patch) for p in preds], runtime=args.runtime)
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    summary = {
+        "instances": len(results),
+        "resolved": sum(r.resolved for r in results),
+        "masked": sum(r.mask_sample for r in results),
+        "by_status": statuses,
+    }
+    report = {"summary": summary, "results": [r.model_dump(mode="json") for r in results]}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(json.dumps(summary))
+    return 0
+
+
 def _harness_install(args: argparse.Namespace) -> int:
     from nemo_polar.env.harness import install
 
@@ -181,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("overrides", nargs="*", help="e.g. env=polar_codex task=examples/tasks/calc_add/task.yaml")
     rollout.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     rollout.set_defaults(func=_rollout)
+
+    grade = sub.add_parser("grade", help="grade SWE-bench predictions with swebench's grader in fresh sandboxes")
+    grade.add_argument(
+        "--instances", type=Path, required=True, help="JSONL, local HF dataset files, a bundled task dir, or 'bundled'"
+    )
+    grade.add_argument("--predictions", type=Path, required=True, help="{instance_id, model_patch} rows (JSONL/JSON)")
+    grade.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
+    grade.add_argument("-o", "--output", type=Path, required=True, help="the report (JSON)")
+    grade.set_defaults(func=_grade)
 
     harness = sub.add_parser("harness", help="the pinned coding CLIs")
     hsub = harness.add_subparsers(dest="action", required=True)

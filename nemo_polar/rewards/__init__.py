@@ -1,1 +1,6 @@
-"""Rewards for reconstructed trajectories (SWE-Bench FAIL_TO_PASS / PASS_TO_PASS in a fresh sandbox)."""
+"""SWE-Bench rewards: instances, the official grader in a fresh sandbox, bundled tasks."""
+
+from nemo_polar.rewards.grader import Evaluator, GradeResult, grade
+from nemo_polar.rewards.instance import SWEInstance, bundled_instances, load_instances
+
+__all__ = ["Evaluator", "GradeResult", "SWEInstance", "bundled_instances", "grade", "load_instances"]

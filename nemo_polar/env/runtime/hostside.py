@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -76,10 +78,14 @@ class RunDir:
         for name, text in ETC.items():
             (etc / name).write_text(text)
         shutil.copy(INIT, spec.run_dir / "init.sh")
-        self.audit = EgressAudit(spec.run_dir)
-        self.relay = HostRelay(spec.run_dir, spec.proxy_url) if spec.proxy_url else None
+        # Unix socket paths are limited to 108 bytes; the host binds them through a short link to the run dir.
+        self.link = Path(tempfile.gettempdir()) / f"polar-{uuid.uuid4().hex[:12]}"
+        self.link.symlink_to(spec.run_dir.resolve(), target_is_directory=True)
+        self.audit = EgressAudit(self.link)
+        self.relay = HostRelay(self.link, spec.proxy_url) if spec.proxy_url else None
 
     def close(self) -> None:
         if self.relay:
             self.relay.close()
         self.audit.close()
+        self.link.unlink(missing_ok=True)

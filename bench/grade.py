@@ -1,0 +1,44 @@
+"""Grading throughput: bundled instances graded per minute with swebench's grader in fresh sandboxes, with and
+without evaluator prewarm (the next instance's sandbox is prepared while the current one's tests run, as the
+gateway prepares an evaluator while the agent works). Rounds alternate between the two so both meet the same
+machine load. The last line is the prewarmed/cold throughput ratio.
+
+    python -m bench.grade [--rounds 3] [--runtime bwrap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from nemo_polar.rewards import bundled_instances
+from nemo_polar.rewards.grader import grade_many
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runtime", default="bwrap")
+    args = parser.parse_args()
+    pairs = [(inst, inst.patch) for inst in bundled_instances()]
+    elapsed = {True: 0.0, False: 0.0}
+    graded = {True: 0, False: 0}
+    with tempfile.TemporaryDirectory(prefix="polar-bench-grade-") as tmp:
+        for _ in range(args.rounds):
+            for prewarm in (False, True):
+                t0 = time.monotonic()
+                results = grade_many(pairs, runtime=args.runtime, work_dir=Path(tmp), prewarm=prewarm)
+                elapsed[prewarm] += time.monotonic() - t0
+                graded[prewarm] += len(results)
+                assert all(r.resolved for r in results), [r.reason for r in results if not r.resolved]
+    rate = {k: 60 * graded[k] / elapsed[k] for k in elapsed}
+    print(f"instances: {len(pairs)} x {args.rounds} rounds per side, runtime {args.runtime}, gold patches")
+    print(f"cold:      {rate[False]:.1f} instances/min")
+    print(f"prewarm:   {rate[True]:.1f} instances/min")
+    print(f"prewarm/cold throughput ratio: {rate[True] / rate[False]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""SWE-bench / SWE-Gym instances, and where their environment comes from.
+
+The fields are SWE-bench's own (list fields may also be JSON strings, as in the Hugging Face datasets); the
+environment is either an image (``docker``: the official SWE-bench images where reachable) or a local repository
+plus a Python environment (``bwrap``, and ``docker`` with the project's image).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from unidiff import PatchSet
+
+from nemo_polar.env.workspace import Task
+from nemo_polar.paths import cache_dir
+
+DEFAULT_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"
+
+
+def default_python_env() -> Path:
+    """The task environment ``make setup`` builds for the bundled instances: system Python 3 + pytest."""
+    return cache_dir() / "envs" / "py3-pytest"
+
+
+class SWEInstance(BaseModel):
+    instance_id: str
+    repo: str = Field(description="owner/name, as in SWE-bench")
+    base_commit: str | None = None
+    problem_statement: str
+    patch: str = Field(default="", description="the gold patch (never shown to the agent)")
+    test_patch: str = ""
+    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    version: str = ""
+    environment_setup_commit: str | None = None
+    # Where the environment comes from.
+    image: str | None = Field(default=None, description="docker image with the repo at /testbed (SWE-bench's)")
+    repo_path: Path | None = Field(default=None, description="local directory or git repository with the code")
+    python_env: Path | None = Field(default=None, description="a virtualenv mounted read-only, first on PATH")
+    setup_command: str | None = Field(default=None, description="run in the evaluation sandbox before the tests")
+    test_command: str = DEFAULT_TEST_COMMAND
+    log_parser: str = "parse_log_pytest"
+    test_timeout_s: float = 300.0
+    script: list[dict[str, Any]] | None = Field(default=None, description="scripted policy turns that solve it")
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def test_files(self) -> list[str]:
+        """Files the test patch touches: restored to the base and re-patched over whatever the agent did."""
+        return [f.path for f in PatchSet(self.test_patch)] if self.test_patch.strip() else []
+
+    def task(self) -> Task:
+        if self.repo_path is None:
+            raise ValueError(f"instance {self.instance_id} has no repo_path (image-only instances need docker)")
+        return Task(
+            instance_id=self.instance_id,
+            problem_statement=self.problem_statement,
+            repo=self.repo_path,
+            base_commit=self.base_commit,
+        )
+
+
+def _rows_from_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from None
+
+
+def _validate(where: str, row: dict[str, Any], base: Path) -> SWEInstance:
+    try:
+        inst = SWEInstance.model_validate(row)
+    except ValidationError as exc:
+        raise ValueError(f"{where}: not a valid instance: {exc}") from None
+    if inst.repo_path is not None and not inst.repo_path.is_absolute():
+        inst.repo_path = (base / inst.repo_path).resolve()
+    return inst
+
+
+def load_jsonl(path: Path) -> list[SWEInstance]:
+    """A JSONL file of instances; ``repo_path`` may be relative to the file. Errors name file and line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"instances file {path} does not exist")
+    return [_validate(where, row, path.parent) for where, row in _rows_from_jsonl(path)]
+
+
+def load_hf(path: Path, split: str = "test") -> list[SWEInstance]:
+    """Local Hugging Face dataset files (parquet/json/jsonl, or a ``save_to_disk`` directory), e.g. a downloaded
+    SWE-bench Verified or SWE-Gym; no hub access needed."""
+    import datasets
+
+    if path.is_dir() and (path / "dataset_info.json").exists():
+        ds = datasets.load_from_disk(str(path))
+    elif path.is_dir() and any(path.glob("**/*.parquet")):
+        ds = datasets.load_dataset("parquet", data_files=[str(p) for p in sorted(path.glob("**/*.parquet"))])
+    else:
+        kind = "parquet" if path.suffix == ".parquet" else "json"
+        ds = datasets.load_dataset(kind, data_files=str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds[split] if split in ds else ds[next(iter(ds))]
+    return [_validate(f"{path}[{i}]", dict(row), path.parent) for i, row in enumerate(ds)]
+
+
+def load_instances(path: Path) -> list[SWEInstance]:
+    if path.is_dir() and (path / "task.yaml").exists():
+        return [load_bundled(path)]
+    if path.suffix == ".jsonl" or path.suffix == ".json":
+        return load_jsonl(path) if path.suffix == ".jsonl" else load_hf(path)
+    return load_hf(path)
+
+
+# -- bundled instances: examples/tasks/swe/<id>/{task.yaml, repo/, gold.patch, test.patch} --------------------------
+def bundled_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples" / "tasks" / "swe"
+
+
+def load_bundled(task_dir: Path) -> SWEInstance:
+    meta = yaml.safe_load((task_dir / "task.yaml").read_text())
+    row = {
+        **{k: v for k, v in meta.items() if k != "test_files"},
+        "patch": (task_dir / "gold.patch").read_text(),
+        "test_patch": (task_dir / "test.patch").read_text(),
+        "repo_path": task_dir / "repo",
+        "python_env": default_python_env(),
+    }
+    return _validate(str(task_dir / "task.yaml"), row, task_dir)
+
+
+def bundled_instances() -> list[SWEInstance]:
+    return [load_bundled(d) for d in sorted(bundled_dir().iterdir()) if (d / "task.yaml").exists()]
