@@ -13,6 +13,7 @@ from nemo_polar.env.workspace import git, prepare_workspace
 from nemo_polar.rewards import SWEInstance, bundled_instances, grade, load_instances
 from nemo_polar.rewards.grader import grade_many
 from nemo_polar.rewards.instance import load_hf
+from tests.conftest import ProxyHandle
 
 INSTANCES = bundled_instances()
 RUNTIMES = ["bwrap", "docker"]
@@ -148,3 +149,35 @@ def test_polar_grade_cli(tmp_path: Path) -> None:
     preds.write_text(json.dumps({"instance_id": "nope__nope-1", "model_patch": "x"}) + "\n")
     with pytest.raises(SystemExit, match="unknown instances: nope__nope-1"):
         main(["grade", "--instances", "bundled", "--predictions", str(preds), "-o", str(tmp_path / "r.json")])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("harness", "instance_id"),
+    [
+        ("codex", "polar__lrucache-1"),
+        ("claude_code", "polar__money-1"),
+        ("qwen_code", "polar__semverlite-1"),
+        ("pi", "polar__textstats-1"),
+    ],
+)
+def test_a_real_cli_solves_a_bundled_task_and_earns_the_reward(
+    proxy: ProxyHandle, harness: str, instance_id: str, tmp_path: Path
+) -> None:
+    """The whole loop on one task: the CLI (scripted policy) reads, edits and runs the tests in its sandbox with the
+    task's Python; its patch is graded by swebench in a fresh, prewarmed sandbox."""
+    from nemo_polar.env.episode import run_episode
+    from nemo_polar.env.harness import get_harness
+    from nemo_polar.env.session import ProxyClient
+
+    inst = next(i for i in INSTANCES if i.instance_id == instance_id)
+    episode = run_episode(
+        get_harness(harness), inst, ProxyClient(url=proxy.url), tmp_path / "ep", scripted=True, timeout=300
+    )
+    assert episode.session.status == "completed", episode.session.error
+    assert episode.session.egress == []
+    assert episode.grade is not None and episode.grade.status == "resolved", episode.grade
+    assert episode.reward == 1.0
+    # The agent really ran the visible tests with the task's pytest inside its sandbox.
+    assert "passed" in json.dumps(episode.session.records[-1].request)
+    assert json.loads((tmp_path / "ep" / "grade.json").read_text())["reward"] == 1.0
