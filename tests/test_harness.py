@@ -263,8 +263,9 @@ def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     assert "model proxy is not reachable from the sandbox" in done.stderr.read_text()
 
 
-def test_polar_rollout_cli(proxy: ProxyHandle, engine_url: str, tmp_path: Path) -> None:
-    """`polar rollout env=polar_qwen_code task=FILE` composes the Hydra config and writes the session directory."""
+@pytest.mark.parametrize("harness", PAPER_HARNESSES)
+def test_polar_rollout_cli(harness: str, engine_url: str, tmp_path: Path) -> None:
+    """`polar rollout env=polar_<cli> task=FILE` composes the Hydra config and writes the session directory."""
     import subprocess
     import sys
 
@@ -275,7 +276,7 @@ def test_polar_rollout_cli(proxy: ProxyHandle, engine_url: str, tmp_path: Path) 
             "-m",
             "nemo_polar.cli",
             "rollout",
-            "env=polar_qwen_code",
+            f"env=polar_{harness}",
             f"task={TASK_FILE}",
             f"engine.url={engine_url}",
             f"out={out}",
@@ -287,9 +288,9 @@ def test_polar_rollout_cli(proxy: ProxyHandle, engine_url: str, tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert summary["env"] == "polar_qwen_code" and summary["status"] == "completed" and summary["calls"] == 5
+    assert summary["env"] == f"polar_{harness}" and summary["status"] == "completed" and summary["calls"] == 5
     assert EXPECTED_PATCH in (out / "patch.diff").read_text()
-    assert json.loads((out / "session.json").read_text())["harness"] == "qwen_code"
+    assert json.loads((out / "session.json").read_text())["harness"] == harness
 
 
 @pytest.mark.parametrize(

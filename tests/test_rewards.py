@@ -75,8 +75,9 @@ def test_a_patch_that_rewrites_the_tests_scores_zero(inst: SWEInstance, runtime:
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_test_suite_timeout_is_masked(runtime: str, tmp_path: Path) -> None:
-    inst = INSTANCES[0].model_copy(update={"test_timeout_s": 3.0})
+@pytest.mark.parametrize("base", INSTANCES, ids=IDS)
+def test_test_suite_timeout_is_masked(base: SWEInstance, runtime: str, tmp_path: Path) -> None:
+    inst = base.model_copy(update={"test_timeout_s": 3.0})
     source = _patched_files(inst.patch)[0]
     original = (inst.repo_path / source).read_text()  # type: ignore[operator]
     hang = _diff_after(inst, tmp_path, {source: original + "\nimport time\n\ntime.sleep(60)\n"})
