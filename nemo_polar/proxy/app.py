@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from nemo_polar.proxy.admission import Admission, AdmissionState, Ticket
 from nemo_polar.proxy.apis import anthropic, chat, responses
 from nemo_polar.proxy.conversation import Conversation, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
@@ -38,6 +39,7 @@ class ProxyConfig(BaseModel):
     model_aliases: list[str] = Field(default_factory=list)
     eot_token: str = "<|im_end|>"
     admin_token: str | None = None
+    policy_version: int | None = Field(default=None, description="stamped on records until a resume changes it")
     render: Literal["auto", "engine"] = Field(
         default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
     )
@@ -62,6 +64,7 @@ class Proxy:
         self.sessions = SessionStore(config.record_dir)
         self.engine = EngineClient(config.engine_url, eot_token=config.eot_token)
         self.renderer: Renderer = EngineRenderer(self.engine)
+        self.admission = Admission(config.policy_version)
         self._local_probe: asyncio.Task[None] | None = None
 
     def current_renderer(self) -> Renderer:
@@ -158,6 +161,7 @@ class Proxy:
             policy_version=session.config.policy_version,
         )
         conv: Conversation | None = None
+        ticket: Ticket | None = None
         try:
             raw = await self.read_body(request)
             record.request = raw.decode("utf-8", errors="replace")  # kept verbatim until it parses
@@ -168,6 +172,9 @@ class Proxy:
             conv = PARSERS[api](body)
             await self.check_model(conv.model, session)
             session.restore(conv)
+            ticket = await self.admission.enter()  # waits while the trainer syncs weights
+            if record.policy_version is None:  # a session may pin its version; otherwise the proxy's current one
+                record.policy_version = ticket.version
             t0 = time.perf_counter()
             the_plan = await plan(self.engine, self.current_renderer(), session, conv)
             record.render_s = time.perf_counter() - t0
@@ -178,14 +185,18 @@ class Proxy:
             gen = Generation(self.engine, the_plan, conv, TOOL_IDS[api])
             await gen.open()
         except ProxyError as err:
+            if ticket is not None:
+                ticket.release()
             await self.fail(session, record, err)
             return error_response(api, err)
         if conv.stream:
             emitter = _emitter(api, conv, body)
             return StreamingResponse(
-                self.stream(session, record, conv, gen, emitter), media_type="text/event-stream", headers=SSE_HEADERS
+                self.stream(session, record, conv, gen, emitter, ticket),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
             )
-        return await self.collect(api, session, record, conv, gen, body)
+        return await self.collect(api, session, record, conv, gen, body, ticket)
 
     async def collect(
         self,
@@ -195,6 +206,7 @@ class Proxy:
         conv: Conversation,
         gen: Generation,
         body: Any,
+        ticket: Ticket,
     ) -> Response:
         try:
             async for _ in gen.events():
@@ -216,9 +228,10 @@ class Proxy:
             return error_response(api, err)
         finally:
             await gen.close()
+            ticket.release()
 
     async def stream(
-        self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, emitter: Any
+        self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, emitter: Any, ticket: Ticket
     ) -> AsyncIterator[str]:
         settled = False
         try:
@@ -255,6 +268,7 @@ class Proxy:
                 session.writer.append_sync(record)
             with anyio.CancelScope(shield=True):
                 await gen.close()
+            ticket.release()
 
     async def commit(
         self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, echo_ids: list[str]
@@ -277,6 +291,17 @@ class Proxy:
         except ProxyError as err:
             return error_response("anthropic", err)
         return JSONResponse({"input_tokens": len(ids)})
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ProxyError(400, f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProxyError(400, "body must be a JSON object")
+    return data
 
 
 def _emitter(api: Api, conv: Conversation, body: Any) -> Any:
@@ -336,7 +361,26 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "sessions": len(proxy.sessions)}
+        return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
+
+    @app.post("/polar/pause")
+    async def pause(request: Request) -> AdmissionState:
+        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync)."""
+        admin(request)
+        body = await _json_body(request)
+        timeout = body.get("timeout_s", 60.0)
+        if not isinstance(timeout, int | float) or timeout < 0:
+            raise ProxyError(400, "timeout_s must be a non-negative number")
+        return await proxy.admission.pause(float(timeout))
+
+    @app.post("/polar/resume")
+    async def resume(request: Request) -> AdmissionState:
+        """Admit generations again; ``policy_version`` (optional) is stamped on every record from now on."""
+        admin(request)
+        version = (await _json_body(request)).get("policy_version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise ProxyError(400, "policy_version must be an integer")
+        return proxy.admission.resume(version)
 
     @app.post("/polar/sessions")
     async def create_session(request: Request) -> SessionCreated:

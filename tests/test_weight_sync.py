@@ -1,0 +1,141 @@
+"""Weight sync: pause drains in-flight generations and holds new ones (the harness just waits), resume reopens
+with a new policy version that every later record carries; sessions spanning versions are visible in traces."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.builders import prefix_merging
+from tests.conftest import ProxyHandle, make_proxy
+
+pytestmark = pytest.mark.engine
+LONG = "word " * 300  # a forced output long enough to still be generating when the pause starts
+
+
+@pytest.fixture
+def versioned(engine_url: str, tmp_path) -> ProxyHandle:  # type: ignore[no-untyped-def]
+    yield from make_proxy(engine_url, tmp_path, policy_version=1)
+
+
+def forced(text: str) -> dict:
+    return {
+        "extra_body": {"structured_outputs": {"regex": re.escape(text)}},
+        "sampling_overrides": {"max_tokens": 1000},
+    }
+
+
+def ask(proxy: ProxyHandle, key: str, history: list[dict]) -> str:
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
+    return client.chat.completions.create(model="local-model", messages=history).choices[0].message.content or ""
+
+
+def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHandle) -> None:
+    proxy = versioned
+    slow = proxy.session(**forced(LONG))
+    quick = proxy.session(sampling_overrides={"max_tokens": 4})
+    replies: dict[str, float] = {}
+
+    def run(name: str, key: str) -> None:
+        ask(proxy, key, [{"role": "user", "content": "go"}])
+        replies[name] = time.monotonic()
+
+    first = threading.Thread(target=run, args=("in_flight", slow["api_key"]))
+    first.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the slow generation never started"
+        time.sleep(0.01)
+    paused = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 60}, timeout=90).json()
+    assert paused["paused"] and paused["drained"] and paused["in_flight"] == 0
+    # Pause returned only after the in-flight generation finished and was recorded.
+    assert [r["complete"] for r in proxy.records(slow["session_id"])] == [True]
+
+    held = threading.Thread(target=run, args=("held", quick["api_key"]))
+    held.start()
+    time.sleep(1.0)
+    assert "held" not in replies  # a call arriving while paused waits...
+    resumed_at = time.monotonic()
+    state = httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 2}).json()
+    assert state == {
+        "paused": False,
+        "policy_version": 2,
+        "in_flight": state["in_flight"],
+        "drained": None,
+        "waited_s": None,
+    }
+    held.join(60)
+    first.join(60)
+    assert replies["held"] >= resumed_at  # ...and is served after the resume
+
+    [before] = proxy.records(slow["session_id"])
+    [after] = proxy.records(quick["session_id"])
+    assert before["policy_version"] == 1 and after["policy_version"] == 2
+    assert before["complete"] and after["complete"]
+
+
+def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
+    proxy = versioned
+    slow = proxy.session(**forced(LONG))
+    t = threading.Thread(target=ask, args=(proxy, slow["api_key"], [{"role": "user", "content": "go"}]))
+    t.start()
+    while httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0:
+        time.sleep(0.01)
+    state = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 0.01}).json()
+    assert state["paused"] and state["drained"] is False and state["in_flight"] == 1
+    httpx.post(f"{proxy.url}/polar/resume", json={})
+    t.join(60)
+    assert httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0
+
+
+def test_a_session_spanning_versions_shows_both_in_its_trace(versioned: ProxyHandle) -> None:
+    proxy = versioned
+    s = proxy.session(sampling_overrides={"max_tokens": 4})
+    history = [{"role": "user", "content": "one"}]
+    history += [{"role": "assistant", "content": ask(proxy, s["api_key"], history)}, {"role": "user", "content": "2"}]
+    httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 10})
+    httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 7})
+    ask(proxy, s["api_key"], history)
+    records = [CallRecord.model_validate(r) for r in proxy.records(s["session_id"])]
+    [trace] = prefix_merging(records).traces
+    assert trace.policy_versions == [1, 7]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "message"),
+    [
+        ("pause", {"timeout_s": -1}, "timeout_s"),
+        ("pause", [1], "JSON object"),
+        ("resume", {"policy_version": "v2"}, "policy_version must be an integer"),
+    ],
+)
+def test_weight_sync_bad_input(versioned: ProxyHandle, route: str, body: object, message: str) -> None:
+    resp = httpx.post(f"{versioned.url}/polar/{route}", json=body)
+    assert resp.status_code == 400 and message in resp.text
+    assert httpx.get(f"{versioned.url}/health").json()["paused"] is False
+
+
+def test_admission_counts_every_exit_path() -> None:
+    from nemo_polar.proxy.admission import Admission
+
+    async def scenario() -> None:
+        adm = Admission(3)
+        ticket = await adm.enter()
+        ticket.release()
+        ticket.release()  # idempotent
+        assert adm.in_flight == 0 and ticket.version == 3
+        await adm.pause(0)
+        waiter = asyncio.create_task(adm.enter())
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        adm.resume(4)
+        assert (await waiter).version == 4
+
+    asyncio.run(scenario())
