@@ -7,6 +7,7 @@ result), ``records.jsonl`` (the proxy's call records), ``patch.diff``, the CLI's
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from nemo_polar.env.script import Action
 from nemo_polar.env.workspace import Task, extract_patch, prepare_workspace
 from nemo_polar.proxy.records import CallRecord
 
-Status = Literal["completed", "harness_error", "timeout", "proxy_unreachable"]
+Status = Literal["completed", "harness_error", "timeout", "cancelled", "proxy_unreachable"]
 
 
 class ProxyClient(BaseModel):
@@ -37,7 +38,8 @@ class ProxyClient(BaseModel):
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
-            resp = httpx.request(method, f"{self.url}{path}", headers=self._headers(), timeout=30, **kw)
+            kw.setdefault("timeout", 30)
+            resp = httpx.request(method, f"{self.url}{path}", headers=self._headers(), **kw)
         except httpx.HTTPError as exc:
             raise ConnectionError(f"proxy at {self.url} is unreachable: {exc}") from None
         if resp.status_code >= 400:
@@ -53,6 +55,12 @@ class ProxyClient(BaseModel):
 
     def close(self, session_id: str) -> None:
         self._call("DELETE", f"/polar/sessions/{session_id}")
+
+    def pause(self, timeout_s: float) -> dict[str, Any]:
+        return self._call("POST", "/polar/pause", json={"timeout_s": timeout_s}, timeout=timeout_s + 30)
+
+    def resume(self, policy_version: int | None = None) -> dict[str, Any]:
+        return self._call("POST", "/polar/resume", json={"policy_version": policy_version})
 
 
 class SessionResult(BaseModel):
@@ -93,6 +101,8 @@ def run_session(
     model: str = "local-model",
     mounts: dict[str, Path] | None = None,
     env: dict[str, str] | None = None,
+    workspace_ready: bool = False,
+    cancel: threading.Event | None = None,
 ) -> SessionResult:
     """``mounts`` (read-only, path inside -> host path) and ``env`` give the CLI's tools the task's environment,
     e.g. a Python virtualenv first on ``PATH``."""
@@ -102,7 +112,8 @@ def run_session(
     workspace, home, run_dir = session_dir / "workspace", session_dir / "home", session_dir / "run"
     home.mkdir(exist_ok=True)
     run_dir.mkdir(exist_ok=True)
-    prepare_workspace(task, workspace)
+    if not workspace_ready:  # a gateway prepares it ahead, in its INIT stage
+        prepare_workspace(task, workspace)
 
     spec = SandboxSpec(
         workspace=workspace,
@@ -137,6 +148,7 @@ def run_session(
             cwd=paths.workspace,
             timeout=timeout,
             log_prefix=session_dir / "harness",
+            cancel=cancel,
         )
         t_post = time.monotonic()
         egress = runtime.egress_attempts()
@@ -146,7 +158,9 @@ def run_session(
     stderr = done.stderr.read_text(errors="replace")
     status: Status
     error = None
-    if done.timed_out:
+    if done.cancelled:
+        status, error = "cancelled", "cancelled while the harness ran; process group killed"
+    elif done.timed_out:
         status, error = "timeout", f"harness exceeded {timeout:.0f} s; process group killed"
     elif done.returncode == PROXY_UNREACHABLE and "polar: the model proxy is not reachable" in stderr:
         status, error = "proxy_unreachable", stderr.strip().splitlines()[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -44,8 +45,9 @@ class SandboxPaths(BaseModel):
 
 class ExecResult(BaseModel):
     argv: list[str]
-    returncode: int | None = Field(description="None when the command was killed on timeout")
+    returncode: int | None = Field(description="None when the command was killed (timeout or cancel)")
     timed_out: bool
+    cancelled: bool = False
     duration_s: float
     stdout: Path
     stderr: Path
@@ -84,24 +86,37 @@ class Runtime(ABC):
         """The host command line that runs ``argv`` inside the runtime."""
 
     def exec(
-        self, argv: list[str], env: dict[str, str], *, cwd: str | None, timeout: float, log_prefix: Path
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        cwd: str | None,
+        timeout: float,
+        log_prefix: Path,
+        cancel: threading.Event | None = None,
     ) -> ExecResult:
-        """Run a command inside; on timeout the whole process group is killed."""
+        """Run a command inside; on timeout or ``cancel`` the whole process group is killed."""
         stdout, stderr = log_prefix.with_suffix(".stdout.log"), log_prefix.with_suffix(".stderr.log")
         cmd = self.command(argv, env, cwd or self.paths.workspace)
         t0 = time.monotonic()
+        code: int | None = None
+        timed_out = cancelled = False
         with stdout.open("wb") as out, stderr.open("wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-            try:
-                code: int | None = proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                kill_group(proc)
-                code, timed_out = None, True
+            while code is None:
+                try:
+                    code = proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    cancelled = cancel is not None and cancel.is_set()
+                    timed_out = time.monotonic() - t0 > timeout
+                    if cancelled or timed_out:
+                        kill_group(proc)
+                        break
         return ExecResult(
             argv=argv,
             returncode=code,
             timed_out=timed_out,
+            cancelled=cancelled,
             duration_s=time.monotonic() - t0,
             stdout=stdout,
             stderr=stderr,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,10 +167,17 @@ class DockerRuntime(Runtime):
         return [*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv]
 
     def exec(
-        self, argv: list[str], env: dict[str, str], *, cwd: str | None, timeout: float, log_prefix: Path
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        cwd: str | None,
+        timeout: float,
+        log_prefix: Path,
+        cancel: threading.Event | None = None,
     ) -> ExecResult:
-        done = super().exec(argv, env, cwd=cwd, timeout=timeout, log_prefix=log_prefix)
-        if done.timed_out:
+        done = super().exec(argv, env, cwd=cwd, timeout=timeout, log_prefix=log_prefix, cancel=cancel)
+        if done.timed_out or done.cancelled:
             self.kill_commands()
         return done
 
