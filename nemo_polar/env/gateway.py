@@ -21,8 +21,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel, Field, field_validator
@@ -39,6 +41,7 @@ from nemo_polar.rewards.grader import Evaluator, GradeResult
 from nemo_polar.rewards.instance import SWEInstance
 
 Stage = Literal["queued", "init", "ready", "run", "postrun", "done"]
+T = TypeVar("T")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -122,6 +125,9 @@ class Gateway:
         self._post_q: asyncio.Queue[_Job] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._groups: dict[str, int] = {}
+        # Stage bodies block (subprocesses, sandboxes, HTTP): one thread per worker, so a busy pool never starves
+        # another (asyncio's default executor has only cpu_count + 4 threads).
+        self._threads = ThreadPoolExecutor(max_workers=config.init_workers + config.run_slots + config.post_workers)
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -139,6 +145,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -184,6 +191,9 @@ class Gateway:
         stages = [j.stage for j in self.jobs.values() if not j.done.done()]
         return {s: stages.count(s) for s in ("queued", "init", "ready", "run", "postrun")}
 
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
     # -- stages ------------------------------------------------------------------------------------------------
     async def _loop(self, stage: Any) -> None:
         while True:
@@ -195,7 +205,7 @@ class Gateway:
             return
         self._enter(job, "init")
         try:
-            job.evaluator = await asyncio.to_thread(self._prepare, job)
+            job.evaluator = await self._blocking(self._prepare, job)
         except Exception as exc:  # a broken instance or runtime: reported, never trained on
             self._finish(job, "failed", reason=f"init failed: {exc}")
             return
@@ -214,7 +224,7 @@ class Gateway:
         self._enter(job, "run")
         budget = min(self.config.agent_budget_s, job.remaining(self.config.session_budget_s))
         try:
-            job.session = await asyncio.to_thread(self._run_harness, job, budget)
+            job.session = await self._blocking(self._run_harness, job, budget)
         except Exception as exc:
             self._finish(job, "failed", reason=f"harness run failed: {exc}")
             return
@@ -253,7 +263,7 @@ class Gateway:
             self._finish(job, "published", reason=f"harness session {session.status}: {session.error}")
             return
         try:
-            grade = await asyncio.to_thread(job.evaluator.grade, session.patch)
+            grade = await self._blocking(job.evaluator.grade, session.patch)
         except Exception as exc:
             self._finish(job, "published", reason=f"evaluation failed: {exc}")
             return
