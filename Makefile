@@ -11,7 +11,7 @@ ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import eng
 
 .PHONY: setup venv engine models system harnesses task-env test lint demo bench clean
 
-setup: venv engine models system harnesses task-env docker
+setup: venv engine models system harnesses task-env docker gym
 
 venv: $(VENV)/.installed
 
@@ -44,6 +44,22 @@ harnesses: venv
 task-env:
 	bash scripts/setup_task_env.sh
 
+# NeMo Gym 0.7.0 for the Gym environment (nemo_polar/env/gym). Its metadata requires Python >=3.13.14, but the
+# pure-Python wheel imports and serves fine on 3.11, so it is fetched as for 3.13.14 and installed past the check;
+# scipy is capped at the last release with cp311 wheels (newer ones build from source). Skipped once 0.7.0 imports.
+NEMO_GYM_VERSION := 0.7.0
+.PHONY: gym
+gym: venv
+	@if $(BIN)/python -c 'import sys, nemo_gym; sys.exit(nemo_gym.__version__ != "$(NEMO_GYM_VERSION)")' \
+		2>/dev/null; then \
+		echo "nemo-gym $(NEMO_GYM_VERSION) already installed"; \
+	else \
+		$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.13.14 \
+			-d $(POLAR_CACHE)/wheels nemo-gym==$(NEMO_GYM_VERSION) && \
+		$(BIN)/pip install --quiet --prefer-binary --ignore-requires-python \
+			$(POLAR_CACHE)/wheels/nemo_gym-$(NEMO_GYM_VERSION)-py3-none-any.whl "scipy>=1.14.1,<1.17"; \
+	fi
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -59,6 +75,7 @@ bench: setup
 	$(BIN)/python -m bench.stream_ttfb
 	$(BIN)/python -m bench.merge
 	$(BIN)/python -m bench.grade
+	$(BIN)/python -m bench.staging
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

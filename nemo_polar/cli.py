@@ -156,6 +156,13 @@ def _harness_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gym_root(args: argparse.Namespace) -> int:
+    from nemo_polar.env.gym import gym_root
+
+    print(gym_root())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar", description="nemo_polar: agentic RL on any harness")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
     grade.add_argument("-o", "--output", type=Path, required=True, help="the report (JSON)")
     grade.set_defaults(func=_grade)
+
+    gym = sub.add_parser("gym-root", help="print the NeMo Gym root to export as NEMO_GYM_EXTRA_ROOTS")
+    gym.set_defaults(func=_gym_root)
 
     harness = sub.add_parser("harness", help="the pinned coding CLIs")
     hsub = harness.add_subparsers(dest="action", required=True)

@@ -1,0 +1,365 @@
+"""The Polar agent server for NeMo Gym: one ``/run`` = one episode of a real coding CLI on a SWE task.
+
+The CLI talks to the Polar proxy (which records the exact token ids), its patch is graded by swebench in a fresh
+sandbox, and the recorded calls are merged into the main chain, which becomes ``response.output``: one
+prefix-contiguous, token-bearing item per model call, the shape NeMo-RL's Gym post-processing asserts. Anything
+that makes the reward or the tokens untrustworthy (infrastructure failure, timeout, harness error, no main chain,
+a broken main chain) sets ``mask_sample`` with ``failure_kind``/``failure_reason``; rows the agent cannot run are
+answered with a 422 naming the problem. Needs ``nemo-gym`` (``make gym``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from fastapi import Body, FastAPI, HTTPException
+from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.openai_utils import (
+    NeMoGymResponse,
+    NeMoGymResponseOutputMessageForTraining,
+)
+from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from nemo_polar.env.episode import Episode, run_episode
+from nemo_polar.env.gym.envs import PolarEnv, UnknownEnv, get_env
+from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
+from nemo_polar.env.harness import HARNESSES, get_harness
+from nemo_polar.env.script import script_adapter
+from nemo_polar.env.session import ProxyClient
+from nemo_polar.paths import cache_dir
+from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
+from nemo_polar.reconstruct.io import check_contiguous, gym_output_items
+from nemo_polar.reconstruct.trace import Trace
+from nemo_polar.rewards.instance import SWEInstance
+
+# Called like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=, timeout=,
+# session_config=)``; injectable so a gateway can stage episodes its own way.
+EpisodeRunner = Callable[..., Episode]
+
+# Session statuses that are not the policy's doing, as nemo-gym failure kinds.
+SESSION_FAILURE_KINDS = {
+    "timeout": "agent_timeout",
+    "harness_error": "agent_run_error",
+    "proxy_unreachable": "transport_unreachable",
+}
+
+
+class PolarAgentConfig(BaseResponsesAPIAgentConfig):
+    env: str = Field(description="the Polar env (conf/env/<name>.yaml): harness, its options, proxy session config")
+    harness: str | None = Field(default=None, description="overrides the env's harness")
+    harness_options: dict[str, Any] = Field(default_factory=dict, description="merged over the env's")
+    session: dict[str, Any] = Field(default_factory=dict, description="proxy SessionConfig fields, over the env's")
+    runtime: Literal["bwrap", "docker", "local"] = "bwrap"
+    scripted: bool = Field(default=False, description="drive the CLI with the instance's scripted policy turns")
+    timeout: float = Field(default=600.0, gt=0, description="seconds for the CLI run; its process group is killed")
+    model: str = Field(default="local-model", description="the policy's model name (an alias the proxy accepts)")
+    openai_base_url: str | list[str] | None = Field(
+        default=None, description="the policy engine(s) (vLLM); one in-process proxy is started per engine"
+    )
+    proxy_url: str | None = Field(default=None, description="a running `polar proxy`; used instead of engines")
+    proxy_admin_token: str | None = None
+    work_dir: Path | None = Field(default=None, description="session directories; default <cache>/gym")
+    keep_sessions: bool = Field(default=True, description="keep each session directory (records, patch, logs)")
+    concurrency: int = Field(default=8, ge=1, description="episodes run at once")
+    mask_main_chain_breaks: bool = Field(
+        default=True,
+        description="mask a rollout whose main chain broke into segments: the delivered one does not cover the "
+        "trajectory the reward grades",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, name: str) -> str:
+        get_env(name)
+        return name
+
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, name: str | None) -> str | None:
+        if name is not None and name not in HARNESSES:
+            raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _has_policy(self) -> PolarAgentConfig:
+        if not self.proxy_url and not self.openai_base_url:
+            raise ValueError("set proxy_url (a running polar proxy) or openai_base_url (the policy engine)")
+        return self
+
+    def engine_urls(self) -> list[str]:
+        urls = [self.openai_base_url] if isinstance(self.openai_base_url, str) else list(self.openai_base_url or [])
+        # Gym hands out OpenAI base URLs (.../v1); the proxy wants the engine's root.
+        return [u.rstrip("/").removesuffix("/v1") for u in urls]
+
+
+class PolarRunRequest(BaseRunRequest):
+    """A Gym row: ``responses_create_params`` plus the SWE-bench instance fields (kept as extras)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    polar_env: str | None = Field(default=None, description="run this row in another Polar env than the agent's")
+
+
+class PolarVerifyResponse(BaseVerifyResponse):
+    """The verify response plus the episode's metrics (top-level, so Gym's aggregate metrics see them)."""
+
+    instance_id: str
+    polar_env: str
+    harness: str
+    session_id: str | None = None
+    session_status: str | None = Field(default=None, description="None when the episode itself raised")
+    grade_status: str | None = None
+    resolved: bool | None = None
+    fail_to_pass: float | None = None
+    pass_to_pass: float | None = None
+    calls: int = 0
+    failed_calls: int = 0
+    traces: int = 0
+    main_segments: int = 0
+    subagent_chains: int = 0
+    compaction_chains: int = 0
+    side_chains: int = 0
+    break_reasons: dict[str, int] = Field(default_factory=dict)
+    delivered_calls: int = 0
+    delivered_fraction: float = 0.0
+    trainable_tokens: int = 0
+    policy_versions: list[int] = Field(default_factory=list)
+    egress_refused: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
+    session_dir: str | None = None
+
+
+class PolarAgent(SimpleResponsesAPIAgent):
+    ray_enabled: ClassVar[bool | None] = False  # episodes run in threads; no Ray cluster for run_webserver to start
+    config: PolarAgentConfig
+    episode_runner: EpisodeRunner = Field(default=run_episode, exclude=True)
+
+    _semaphore: asyncio.Semaphore | None = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _proxies: list[Any] = PrivateAttr(default_factory=list)
+    _turn: itertools.count = PrivateAttr(default_factory=itertools.count)
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        inner = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+            async with inner(app) as state:
+                yield state
+            self.close()
+
+        app.router.lifespan_context = lifespan
+        return app
+
+    async def responses(self, body: Annotated[dict[str, Any] | None, Body()] = None) -> NeMoGymResponse:
+        # Any body gets the explanation (a schema error about a route that never runs would only mislead).
+        raise HTTPException(
+            status_code=501,
+            detail="the Polar agent runs a black-box coding CLI per task and serves only POST /run (a dataset row: "
+            "responses_create_params + SWE-bench instance fields); it has no model-level /v1/responses",
+        )
+
+    async def run(self, body: PolarRunRequest) -> PolarVerifyResponse:
+        try:
+            env, instance, session_dir = self._plan(body)
+        except (RowError, UnknownEnv, ValueError) as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.config.concurrency)
+        async with self._semaphore:
+            return await asyncio.to_thread(self._episode, body, env, instance, session_dir)
+
+    # -- planning: everything a row can get wrong, before anything runs -----------------------------------------
+    def _plan(self, body: PolarRunRequest) -> tuple[PolarEnv, SWEInstance, Path]:
+        env = get_env(body.polar_env) if body.polar_env else get_env(self.config.env)
+        if self.config.harness and not body.polar_env:
+            env = env.model_copy(update={"harness": self.config.harness})
+        env = env.model_copy(
+            update={
+                "harness_options": {**env.harness_options, **self.config.harness_options},
+                "session": {**env.session, **self.config.session},
+            }
+        )
+        params = body.responses_create_params.model_dump(exclude_none=True)
+        instance = instance_from_row(body.model_extra or {}, instruction(params))
+        if self.config.scripted:
+            if not instance.script:
+                raise RowError(f"{instance.instance_id}: the agent is scripted but the instance has no script")
+            try:
+                script_adapter.validate_python(instance.script)
+            except ValidationError as exc:
+                raise RowError(f"{instance.instance_id}: invalid script: {validation_message(exc)}") from None
+        rollout_id = maybe_rollout_id_from_run_body(body)  # raises ValueError on a malformed _ng_rollout_id
+        work_dir = self.config.work_dir or cache_dir() / "gym"
+        return env, instance, work_dir / f"{rollout_id or instance.instance_id}-{uuid.uuid4().hex[:8]}"
+
+    # -- one episode (blocking: runs in a worker thread) ----------------------------------------------------------
+    def _episode(
+        self, body: PolarRunRequest, env: PolarEnv, instance: SWEInstance, session_dir: Path
+    ) -> PolarVerifyResponse:
+        t0 = time.monotonic()
+        metrics: dict[str, Any] = {
+            "instance_id": instance.instance_id,
+            "polar_env": env.name,
+            "harness": env.harness,
+            "session_dir": str(session_dir),
+        }
+        session_config = {**env.session}
+        metadata = {**session_config.get("metadata", {}), "gym_agent": self.config.name}
+        if rollout_id := maybe_rollout_id_from_run_body(body):
+            metadata["rollout_id"] = rollout_id
+        session_config["metadata"] = metadata
+        try:
+            episode = self.episode_runner(
+                get_harness(env.harness, **env.harness_options),
+                instance,
+                self._proxy_client(),
+                session_dir,
+                runtime=self.config.runtime,
+                scripted=self.config.scripted,
+                timeout=self.config.timeout,
+                session_config=session_config,
+            )
+        except Exception as exc:  # an infrastructure failure is a masked sample, never a 500 for the whole batch
+            metrics["timings"] = {"episode_s": time.monotonic() - t0}
+            return self._respond(body, [], 0.0, "polar:episode_error", f"{type(exc).__name__}: {exc}", metrics)
+        t1 = time.monotonic()
+        session, grade = episode.session, episode.grade
+        build = prefix_merging(session.records)
+        main = sorted((t for t in build.traces if t.role == "main"), key=lambda t: t.segment)
+        delivered = main[0] if main else None
+        by_id = {r.call_id: r for r in session.records}
+        items = gym_output_items(delivered, by_id) if delivered else []
+        check_contiguous(items)  # true by construction; a violation must fail loudly, not reach the trainer
+        metrics |= _episode_metrics(episode, build, main, delivered)
+        metrics["timings"] = {
+            **{f"session_{k}": v for k, v in session.timings.items()},
+            **({f"grade_{k}": v for k, v in grade.timings.items()} if grade else {}),
+            "episode_s": t1 - t0,
+            "reconstruct_s": time.monotonic() - t1,
+        }
+        kind, reason = _mask(episode, main, delivered, build, self.config.mask_main_chain_breaks)
+        reward = grade.reward if grade is not None and not grade.mask_sample else 0.0
+        if not self.config.keep_sessions:
+            shutil.rmtree(session_dir, ignore_errors=True)
+            metrics["session_dir"] = None
+        return self._respond(body, items, reward, kind, reason, metrics)
+
+    def _respond(
+        self,
+        body: PolarRunRequest,
+        items: list[dict[str, Any]],
+        reward: float,
+        failure_kind: str | None,
+        failure_reason: str | None,
+        metrics: dict[str, Any],
+    ) -> PolarVerifyResponse:
+        output = [NeMoGymResponseOutputMessageForTraining.model_validate(item) for item in items]
+        response = NeMoGymResponse(
+            id=f"resp_{metrics.get('session_id') or uuid.uuid4().hex}",
+            created_at=int(time.time()),
+            model=self.config.model,
+            object="response",
+            output=output,
+            parallel_tool_calls=True,
+            tool_choice="auto",
+            tools=[],
+        )
+        return PolarVerifyResponse(
+            responses_create_params=body.responses_create_params,
+            response=response,
+            reward=reward,
+            mask_sample=failure_kind is not None,
+            failure_kind=failure_kind,
+            failure_reason=failure_reason,
+            **metrics,
+        )
+
+    # -- the proxy the CLI talks to -----------------------------------------------------------------------------
+    def _proxy_client(self) -> ProxyClient:
+        if self.config.proxy_url:
+            return ProxyClient(url=self.config.proxy_url, admin_token=self.config.proxy_admin_token)
+        with self._lock:
+            if not self._proxies:
+                self._start_proxies()
+            server = self._proxies[next(self._turn) % len(self._proxies)]
+        return ProxyClient(url=server.url)
+
+    def _start_proxies(self) -> None:
+        from nemo_polar.proxy.app import ProxyConfig, create_app
+        from nemo_polar.proxy.serve import BackgroundServer
+
+        record_dir = (self.config.work_dir or cache_dir() / "gym") / "records"
+        aliases = list(dict.fromkeys([self.config.model, "local-model"]))  # run_session names its model local-model
+        for url in self.config.engine_urls():
+            app = create_app(ProxyConfig(engine_url=url, record_dir=record_dir, model_aliases=aliases))
+            self._proxies.append(BackgroundServer(app).__enter__())
+
+    def close(self) -> None:
+        with self._lock:
+            for server in self._proxies:
+                server.__exit__(None, None, None)
+            self._proxies.clear()
+
+
+def _episode_metrics(
+    episode: Episode, build: BuildResult, main: list[Trace], delivered: Trace | None
+) -> dict[str, Any]:
+    session, grade = episode.session, episode.grade
+    roles = Counter(t.role for t in build.traces)
+    agent_calls = sum(len(t.spans) for t in build.traces if t.role != "side")
+    delivered_calls = len(delivered.spans) if delivered else 0
+    return {
+        "session_id": session.session_id,
+        "session_status": session.status,
+        "grade_status": grade.status if grade else None,
+        "resolved": grade.resolved if grade else None,
+        "fail_to_pass": grade.fail_to_pass if grade else None,
+        "pass_to_pass": grade.pass_to_pass if grade else None,
+        "calls": session.calls,
+        "failed_calls": len(build.failed_call_ids),
+        "traces": len(build.traces),
+        "main_segments": len(main),
+        "subagent_chains": roles["subagent"],
+        "compaction_chains": roles["compaction"],
+        "side_chains": roles["side"],
+        "break_reasons": dict(build.break_reasons),
+        "delivered_calls": delivered_calls,
+        "delivered_fraction": delivered_calls / agent_calls if agent_calls else 0.0,
+        "trainable_tokens": delivered.trainable_tokens if delivered else 0,
+        "policy_versions": delivered.policy_versions if delivered else [],
+        "egress_refused": len(session.egress),
+    }
+
+
+def _mask(
+    episode: Episode, main: list[Trace], delivered: Trace | None, build: BuildResult, mask_breaks: bool
+) -> tuple[str | None, str | None]:
+    """``(failure_kind, failure_reason)`` when the sample must not be trained on, else ``(None, None)``."""
+    session, grade = episode.session, episode.grade
+    if session.status != "completed":
+        return SESSION_FAILURE_KINDS.get(session.status, f"polar:{session.status}"), session.error or session.status
+    if grade is None:
+        return "verifier_error", "the session completed but its patch was not graded"
+    if grade.mask_sample:
+        return f"polar:{grade.status}", grade.reason or grade.status
+    if delivered is None or not delivered.trainable_tokens:
+        failed = len(build.failed_call_ids)
+        return "polar:no_main_chain", f"no completed model call to train on ({session.calls} calls, {failed} failed)"
+    if mask_breaks and len(main) > 1:
+        reasons = ", ".join(sorted({t.break_reason or "unknown" for t in main[1:]}))
+        return "polar:main_chain_broken", f"the main chain broke into {len(main)} segments ({reasons})"
+    return None, None
