@@ -14,23 +14,16 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.engine.launcher import free_port
-from nemo_polar.env.runtime import RuntimeUnavailable, SandboxSpec, get_runtime
+from nemo_polar.env.runtime import RuntimeUnavailable, get_runtime
 from nemo_polar.env.runtime.base import PROXY_PORT, PROXY_UNREACHABLE
 from nemo_polar.env.runtime.docker import LABEL, DockerRuntime, docker_client
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle
-from tests.test_harness import EXPECTED_PATCH, PAPER_HARNESSES, requests_text, run
+from tests.test_harness import EXPECTED_PATCH, PAPER_HARNESSES, check_egress_audit, make_spec, requests_text, run
 
 pytestmark = pytest.mark.engine
 HEALTH = f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}; printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; head -1 <&3"
-
-
-def make_spec(tmp_path: Path, proxy_url: str) -> SandboxSpec:
-    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy_url)
-    for d in (spec.workspace, spec.home, spec.run_dir):
-        d.mkdir()
-    return spec
 
 
 def containers_for(run_dir: Path) -> list[object]:
@@ -104,22 +97,7 @@ def test_docker_isolation_and_limits(proxy: ProxyHandle, tmp_path: Path) -> None
 
 
 def test_docker_egress_audit_records_and_refuses(proxy: ProxyHandle, tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, proxy.url)
-    probe = (
-        "import socket, urllib.request\n"
-        "try:\n    socket.getaddrinfo('github.com', 443)\nexcept OSError as e:\n    print('dns', e)\n"
-        "try:\n    urllib.request.urlopen('https://api.example.com/x', timeout=5)\nexcept OSError as e:\n"
-        "    print('http', e)\n"
-    )
-    with get_runtime("docker") as rt:
-        rt.start(spec)
-        done = rt.exec(["python3", "-c", probe], {}, cwd=None, timeout=60, log_prefix=tmp_path / "probe")
-        attempts = rt.egress_attempts()
-    out = done.stdout.read_text()
-    assert done.returncode == 0, done.stderr.read_text()
-    assert "dns" in out and "http" in out
-    assert ("dns", "github.com") in {(a.kind, a.target) for a in attempts}
-    assert any(a.kind == "http" and "api.example.com:443" in a.target for a in attempts)
+    check_egress_audit("docker", proxy.url, tmp_path)
 
 
 def test_docker_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.runtime import get_runtime
+from nemo_polar.env.runtime import SandboxSpec, get_runtime
 from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
 from nemo_polar.env.session import ProxyClient, SessionResult, run_session
 from nemo_polar.env.workspace import Task
@@ -61,6 +61,32 @@ def run(proxy: ProxyHandle, harness: str, tmp_path: Path, runtime: str = "bwrap"
         timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
         **kw,  # type: ignore[arg-type]
     )
+
+
+def make_spec(tmp_path: Path, proxy_url: str) -> SandboxSpec:
+    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy_url)
+    for d in (spec.workspace, spec.home, spec.run_dir):
+        d.mkdir()
+    return spec
+
+
+def check_egress_audit(runtime: str, proxy_url: str, tmp_path: Path) -> None:
+    """A name lookup and a proxied HTTPS request from inside are refused and recorded."""
+    probe = (
+        "import socket, urllib.request\n"
+        "try:\n    socket.getaddrinfo('github.com', 443)\nexcept OSError as e:\n    print('dns', e)\n"
+        "try:\n    urllib.request.urlopen('https://api.example.com/x', timeout=5)\nexcept OSError as e:\n"
+        "    print('http', e)\n"
+    )
+    with get_runtime(runtime) as rt:
+        rt.start(make_spec(tmp_path, proxy_url))
+        done = rt.exec(["python3", "-c", probe], {}, cwd=None, timeout=60, log_prefix=tmp_path / "probe")
+        attempts = rt.egress_attempts()
+    out = done.stdout.read_text()
+    assert done.returncode == 0, done.stderr.read_text()
+    assert "dns" in out and "http" in out  # both refused
+    assert ("dns", "github.com") in {(a.kind, a.target) for a in attempts}
+    assert any(a.kind == "http" and "api.example.com:443" in a.target for a in attempts)
 
 
 def requests_text(result: SessionResult, index: int) -> str:
@@ -123,36 +149,13 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: 
 
 
 def test_egress_audit_records_and_refuses(proxy: ProxyHandle, tmp_path: Path) -> None:
-    """The audit is not vacuous: a name lookup and a proxied HTTPS request from inside are refused and recorded."""
-    from nemo_polar.env.runtime import SandboxSpec
-
-    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy.url)
-    for d in (spec.workspace, spec.home, spec.run_dir):
-        d.mkdir()
-    probe = (
-        "import socket, urllib.request\n"
-        "try:\n    socket.getaddrinfo('github.com', 443)\nexcept OSError as e:\n    print('dns', e)\n"
-        "try:\n    urllib.request.urlopen('https://api.example.com/x', timeout=5)\nexcept OSError as e:\n"
-        "    print('http', e)\n"
-    )
-    with get_runtime("bwrap") as rt:
-        rt.start(spec)
-        done = rt.exec(["python3", "-c", probe], {}, cwd=None, timeout=60, log_prefix=tmp_path / "probe")
-        attempts = rt.egress_attempts()
-    out = done.stdout.read_text()
-    assert done.returncode == 0, done.stderr.read_text()
-    assert "dns" in out and "http" in out  # both refused
-    assert ("dns", "github.com") in {(a.kind, a.target) for a in attempts}
-    assert any(a.kind == "http" and "api.example.com:443" in a.target for a in attempts)
+    """The audit is not vacuous."""
+    check_egress_audit("bwrap", proxy.url, tmp_path)
 
 
 def test_sandbox_isolation(proxy: ProxyHandle, tmp_path: Path) -> None:
     """Only the workspace and home are writable, host files are invisible, the proxy answers through the relay."""
-    from nemo_polar.env.runtime import SandboxSpec
-
-    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy.url)
-    for d in (spec.workspace, spec.home, spec.run_dir):
-        d.mkdir()
+    spec = make_spec(tmp_path, proxy.url)
     script = (
         "touch /workspace/ok /root/ok; touch /usr/x 2>/dev/null && echo usr-writable; "
         f"test -e {tmp_path} && echo host-visible; echo pid1=$(cat /proc/1/comm); "
@@ -244,17 +247,9 @@ def test_workspace_has_no_other_commits(tmp_path: Path) -> None:
 
 def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     from nemo_polar.engine.launcher import free_port
-    from nemo_polar.env.runtime import SandboxSpec
     from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
 
-    spec = SandboxSpec(
-        workspace=tmp_path / "ws",
-        home=tmp_path / "home",
-        run_dir=tmp_path / "run",
-        proxy_url=f"http://127.0.0.1:{free_port()}",
-    )
-    for d in (spec.workspace, spec.home, spec.run_dir):
-        d.mkdir()
+    spec = make_spec(tmp_path, f"http://127.0.0.1:{free_port()}")
     with get_runtime("bwrap") as rt:
         rt.start(spec)
         done = rt.exec(["true"], {}, cwd=None, timeout=60, log_prefix=tmp_path / "x")
