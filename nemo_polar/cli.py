@@ -97,18 +97,61 @@ def _rollout(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from nemo_polar.env.rollout import compose, rollout, summary
+    from nemo_polar.env.rollout import collect_dataset, compose, rollout, summary
+    from nemo_polar.progress import attempts_progress
 
     try:
         cfg = compose(args.overrides)
         if args.cfg:
             print(OmegaConf.to_yaml(cfg))
             return 0
+        if cfg.get("dataset") is not None:
+            with attempts_progress(f"{cfg.env.name} on {cfg.dataset.name}") as progress:
+                report = collect_dataset(cfg, progress)
+            print(report.model_dump_json(indent=2))
+            return 0
         result = rollout(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"polar rollout: {exc}") from None
     print(summary(cfg, result).model_dump_json(indent=2))
     return 0 if result.status == "completed" else 1
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from nemo_polar.env.collect import PolarEnvConfig
+    from nemo_polar.env.generate import generate
+    from nemo_polar.env.gym.envs import UnknownEnv
+    from nemo_polar.env.rollout import serve_proxy
+    from nemo_polar.progress import attempts_progress
+    from nemo_polar.rewards.instance import bundled_instances, load_instances
+
+    try:
+        instances = bundled_instances() if str(args.instances) == "bundled" else load_instances(args.instances)
+        if args.instance_id:
+            by_id = {i.instance_id: i for i in instances}
+            unknown = [i for i in args.instance_id if i not in by_id]
+            if unknown:
+                raise ValueError(f"unknown instance ids: {', '.join(unknown)}")
+            instances = [by_id[i] for i in args.instance_id]
+        instances = instances[: args.limit] if args.limit else instances
+        if not instances:
+            raise ValueError(f"{args.instances} holds no instances")
+        scripted = args.scripted if args.scripted is not None else str(args.instances) == "bundled"
+        with serve_proxy(args.engine_url, args.output / "proxy", args.model, url=args.proxy_url) as proxy:
+            config = PolarEnvConfig(
+                env=args.env,
+                proxy=proxy,
+                state_dir=args.output / "sessions",
+                runtime=args.runtime,
+                scripted=scripted,
+                gateway={"run_slots": args.run_slots, "agent_budget_s": args.timeout},
+            )
+            with attempts_progress(f"generate {args.env}") as progress:
+                report = generate(config, instances, args.attempts, args.output, progress)
+    except (OSError, ValueError, UnknownEnv) as exc:
+        raise SystemExit(f"polar generate: {exc}") from None
+    print(report.model_dump_json(indent=2))
+    return 0
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -226,6 +269,35 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("overrides", nargs="*", help="e.g. env=polar_codex task=examples/tasks/calc_add/task.yaml")
     rollout.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     rollout.set_defaults(func=_rollout)
+
+    gen = sub.add_parser(
+        "generate",
+        help="offline SFT data: attempt instances N times, keep what the grader accepts, export JSONL + Parquet",
+        description="Rejection sampling: run a harness over SWE instances with N attempts each through the rollout "
+        "gateway, grade every final patch with swebench in a fresh sandbox, keep the sessions that resolve their "
+        "instance and export their traces as SFT rows (messages, token ids, loss masks, logprobs, reward, harness, "
+        "instance id) to OUT/sft.jsonl and OUT/sft.parquet, with acceptance statistics in OUT/acceptance.json. "
+        "Re-running the same command skips finished attempts.",
+    )
+    gen.add_argument("--env", default="polar_pi", help="polar_codex, polar_claude_code, polar_qwen_code or polar_pi")
+    gen.add_argument("--instances", type=Path, required=True, help="'bundled', a SWE-bench/SWE-Gym JSONL or HF files")
+    gen.add_argument("--instance-id", action="append", help="only this instance (repeatable)")
+    gen.add_argument("--limit", type=int, help="only the first N instances")
+    gen.add_argument("--attempts", type=int, default=4, help="attempts per instance (default 4)")
+    gen.add_argument("--engine-url", help="any vLLM server (e.g. a large teacher on a GPU host)")
+    gen.add_argument("--proxy-url", help="a running `polar proxy` instead of --engine-url")
+    gen.add_argument("--model", default="local-model", help="the model name the harness is told to use")
+    gen.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
+    gen.add_argument(
+        "--scripted",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="drive the CLI with each instance's scripted policy (default: on for 'bundled', off otherwise)",
+    )
+    gen.add_argument("--run-slots", type=int, default=2, help="harness sessions at once")
+    gen.add_argument("--timeout", type=float, default=1800.0, help="seconds per harness run")
+    gen.add_argument("-o", "--output", type=Path, required=True, help="the output directory")
+    gen.set_defaults(func=_generate)
 
     grade = sub.add_parser("grade", help="grade SWE-bench predictions with swebench's grader in fresh sandboxes")
     grade.add_argument(

@@ -45,9 +45,10 @@ def engine_url() -> Iterator[str]:
     yield from _start_engine("tiny-qwen3")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm2_url() -> Iterator[str]:
-    """The real vLLM engine serving SmolLM2-135M-Instruct (real weights: real text)."""
+    """The real vLLM engine serving SmolLM2-135M-Instruct (real weights: real text). Module-scoped: it is stopped
+    after the module that uses it, so it does not compete with the shared engine for the rest of the run."""
     yield from _start_engine("smollm2-135m-instruct")
 
 

@@ -64,7 +64,8 @@ def test_cancel_during_run_kills_the_harness_and_publishes_nothing_trainable(
     proxy: ProxyHandle, tmp_path: Path
 ) -> None:
     async def scenario() -> tuple[SessionOutcome, SessionOutcome]:
-        async with gateway(proxy, tmp_path, run_slots=1) as gw:
+        # One INIT worker: h0 is prepared first, so it (not r1) takes the only run slot.
+        async with gateway(proxy, tmp_path, init_workers=1, run_slots=1) as gw:
             running = await gw.submit(hanging(0))
             queued = await gw.submit(request(1))
             while gw.jobs["h0"].stage != "run" or not list((tmp_path / "state" / "h0").glob("harness.*")):

@@ -7,6 +7,7 @@ import asyncio
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -17,7 +18,7 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle, make_proxy
 
 pytestmark = pytest.mark.engine
-LONG = "word " * 300  # a forced output long enough to still be generating when the pause starts
+LONG = "word " * 600  # a forced output long enough to still be generating when the pause starts
 
 
 @pytest.fixture
@@ -37,6 +38,29 @@ def ask(proxy: ProxyHandle, key: str, history: list[dict]) -> str:
     return client.chat.completions.create(model="local-model", messages=history).choices[0].message.content or ""
 
 
+def start_in_flight(proxy: ProxyHandle, call: Callable[[], object]) -> threading.Thread:
+    """Start ``call`` on a thread and return once the proxy counts it in flight. The proxy is warmed first (its
+    first call fetches the engine's model card and end-of-turn id), so a slow engine cannot hide the window; a call
+    that ends before it was ever seen in flight fails the test with its own error instead of a timeout."""
+    ask(proxy, proxy.session(sampling_overrides={"max_tokens": 1})["api_key"], [{"role": "user", "content": "hi"}])
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0:
+        assert thread.is_alive(), f"the generation ended before it was seen in flight: {errors or 'no error'}"
+        assert time.monotonic() < deadline, "the generation never started"
+        time.sleep(0.005)
+    return thread
+
+
 def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHandle) -> None:
     proxy = versioned
     slow = proxy.session(**forced(LONG))
@@ -47,12 +71,7 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
         ask(proxy, key, [{"role": "user", "content": "go"}])
         replies[name] = time.monotonic()
 
-    first = threading.Thread(target=run, args=("in_flight", slow["api_key"]))
-    first.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0:
-        assert time.monotonic() < deadline, "the slow generation never started"
-        time.sleep(0.01)
+    first = start_in_flight(proxy, lambda: run("in_flight", slow["api_key"]))
     paused = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 60}, timeout=90).json()
     assert paused["paused"] and paused["drained"] and paused["in_flight"] == 0
     # Pause returned only after the in-flight generation finished and was recorded.
@@ -84,10 +103,7 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
 def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
     proxy = versioned
     slow = proxy.session(**forced(LONG))
-    t = threading.Thread(target=ask, args=(proxy, slow["api_key"], [{"role": "user", "content": "go"}]))
-    t.start()
-    while httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0:
-        time.sleep(0.01)
+    t = start_in_flight(proxy, lambda: ask(proxy, slow["api_key"], [{"role": "user", "content": "go"}]))
     state = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 0.01}).json()
     assert state["paused"] and state["drained"] is False and state["in_flight"] == 1
     httpx.post(f"{proxy.url}/polar/resume", json={})

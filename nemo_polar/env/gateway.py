@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 
 from nemo_polar.env.episode import task_environment
+from nemo_polar.env.gateway_metrics import GatewayMetrics
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import script_adapter
@@ -125,6 +127,7 @@ class Gateway:
         self._post_q: asyncio.Queue[_Job] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._groups: dict[str, int] = {}
+        self.metrics = GatewayMetrics(self.depths)
         # Stage bodies block (subprocesses, sandboxes, HTTP): one thread per worker, so a busy pool never starves
         # another (asyncio's default executor has only cpu_count + 4 threads).
         self._threads = ThreadPoolExecutor(max_workers=config.init_workers + config.run_slots + config.post_workers)
@@ -145,7 +148,9 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        # Wait for stage bodies still running: cancelled harnesses are killed at once, and a stage body must not
+        # write into a session directory that a restarted gateway is already reusing.
+        await asyncio.to_thread(self._threads.shutdown, wait=True, cancel_futures=True)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -163,6 +168,8 @@ class Gateway:
             fut: asyncio.Future[SessionOutcome] = asyncio.get_running_loop().create_future()
             fut.set_result(SessionOutcome.model_validate_json((directory / "outcome.json").read_text()))
             return fut
+        if directory.exists():  # interrupted before a restart: the attempt starts over from a clean directory
+            shutil.rmtree(directory)
         job = _Job(request, directory)
         self.jobs[request.request_id] = job
         directory.mkdir(parents=True, exist_ok=True)
@@ -186,6 +193,10 @@ class Gateway:
 
     async def resume(self, policy_version: int | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.proxy.resume, policy_version)
+
+    def metrics_app(self) -> Callable[..., Any]:
+        """An ASGI app serving this gateway's Prometheus metrics, to mount at ``/metrics`` in the hosting server."""
+        return self.metrics.asgi_app()
 
     def depths(self) -> dict[str, int]:
         stages = [j.stage for j in self.jobs.values() if not j.done.done()]
@@ -283,6 +294,7 @@ class Gateway:
         return False
 
     def _enter(self, job: _Job, stage: Stage) -> None:
+        self.metrics.enter(stage, job.stage, job.stage_times.get(job.stage))
         job.stage = stage
         job.stage_times[stage] = time.time()
         (job.dir / "state.json").write_text(json.dumps({"stage": stage, "stage_times": job.stage_times}))
@@ -310,6 +322,7 @@ class Gateway:
         outcome.stage_times = dict(job.stage_times)
         (job.dir / "outcome.json").write_text(outcome.model_dump_json(indent=2))
         job.done.set_result(outcome)
+        self.metrics.finish(outcome)
         self.results.put_nowait(outcome)
         if self.config.callback_url:
             asyncio.get_running_loop().create_task(self._deliver(outcome))

@@ -1,4 +1,6 @@
-"""``polar rollout``: compose the Hydra config, run one harness session, write its session directory."""
+"""``polar rollout``: compose the Hydra config, then run one harness session on a task file (its session
+directory), or ``n_samples`` attempts per instance of a dataset through the rollout gateway (graded, reconstructed,
+with GRPO group advantages)."""
 
 from __future__ import annotations
 
@@ -8,15 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field
 
+from nemo_polar.env.collect import PolarEnv, PolarEnvConfig
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import Action
 from nemo_polar.env.session import ProxyClient, SessionResult, run_session
 from nemo_polar.env.workspace import Task
+from nemo_polar.progress import AttemptsProgress
+from nemo_polar.reconstruct.builders import BuilderConfig
+from nemo_polar.reconstruct.export import write_jsonl
+from nemo_polar.rewards.instance import SWEInstance
 
 
 def conf_dir() -> Path:
@@ -67,15 +75,37 @@ def engine_url(cfg: DictConfig) -> Iterator[str]:
 
 @contextlib.contextmanager
 def proxy_client(cfg: DictConfig, engine: str, record_dir: Path) -> Iterator[ProxyClient]:
-    if cfg.proxy.url:
-        yield ProxyClient(url=cfg.proxy.url, admin_token=cfg.proxy.admin_token)
+    with serve_proxy(engine, record_dir, cfg.model, url=cfg.proxy.url, admin_token=cfg.proxy.admin_token) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def serve_proxy(
+    engine: str | None, record_dir: Path, model: str, *, url: str | None = None, admin_token: str | None = None
+) -> Iterator[ProxyClient]:
+    """A running proxy (``url``) or one served in-process in front of ``engine`` for as long as the block runs."""
+    if url:
+        yield ProxyClient(url=url, admin_token=admin_token)
         return
+    if not engine:
+        raise ValueError("no policy engine: pass an engine URL or a running proxy's URL")
+    check_engine(engine)
     from nemo_polar.proxy.app import ProxyConfig, create_app
     from nemo_polar.proxy.serve import BackgroundServer
 
-    app = create_app(ProxyConfig(engine_url=engine, record_dir=record_dir, model_aliases=[cfg.model]))
+    app = create_app(ProxyConfig(engine_url=engine, record_dir=record_dir, model_aliases=[model]))
     with BackgroundServer(app) as server:
         yield ProxyClient(url=server.url)
+
+
+def check_engine(url: str) -> None:
+    """Fail before any sandbox starts when the engine is not there, saying what to do."""
+    try:
+        httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/health", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(
+            f"the engine at {url} is not reachable ({exc}); start one with `polar engine up` or pass another URL"
+        ) from None
 
 
 class RolloutSummary(BaseModel):
@@ -89,6 +119,8 @@ class RolloutSummary(BaseModel):
 
 
 def rollout(cfg: DictConfig) -> SessionResult:
+    if not cfg.task:
+        raise ValueError("give a task file (task=PATH) or a dataset (dataset=bundled n_samples=4)")
     task = load_task(Path(cfg.task))
     harness = get_harness(cfg.env.harness, **OmegaConf.to_container(cfg.env.harness_options))  # type: ignore[arg-type]
     runtime = get_runtime(cfg.runtime.name)
@@ -118,4 +150,92 @@ def summary(cfg: DictConfig, result: SessionResult) -> RolloutSummary:
         egress_attempts=len(result.egress),
         session_dir=result.session_dir,
         timings=result.timings,
+    )
+
+
+# -- datasets: n_samples attempts per instance through the gateway ---------------------------------------------------
+def dataset_instances(dataset: DictConfig) -> list[SWEInstance]:
+    from nemo_polar.rewards.instance import bundled_instances, load_bundled, load_instances
+
+    path = Path(str(dataset.path))
+    if str(dataset.path) == "bundled":
+        instances = bundled_instances()
+    elif (path / "task.yaml").exists():
+        instances = [load_bundled(path)]
+    else:
+        instances = load_instances(path)
+    if dataset.get("instance_ids"):
+        wanted = list(dataset.instance_ids)
+        by_id = {i.instance_id: i for i in instances}
+        unknown = [i for i in wanted if i not in by_id]
+        if unknown:
+            raise ValueError(f"dataset {dataset.name}: unknown instance ids {unknown}")
+        instances = [by_id[i] for i in wanted]
+    if dataset.get("limit"):
+        instances = instances[: int(dataset.limit)]
+    if not instances:
+        raise ValueError(f"dataset {dataset.name} ({dataset.path}) has no instances")
+    return instances
+
+
+class DatasetSummary(BaseModel):
+    env: str
+    dataset: str
+    n_samples: int
+    attempts: int
+    trainable: int
+    masked: int
+    resolved: int
+    mean_reward: float | None
+    traces: int
+    per_instance: dict[str, float | None] = Field(description="instance id -> mean reward of its trainable attempts")
+    out: Path
+
+
+def env_config(cfg: DictConfig, proxy: ProxyClient, state_dir: Path) -> PolarEnvConfig:
+    container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    builder = container["builder"]
+    return PolarEnvConfig(
+        env=cfg.env.name,
+        proxy=proxy,
+        state_dir=state_dir,
+        runtime=cfg.runtime.name,
+        scripted=bool(cfg.dataset.scripted),
+        builder=builder["name"],
+        builder_config=BuilderConfig(mask_truncated=builder.get("mask_truncated", False)),
+        gateway={**container["gateway"], "agent_budget_s": float(cfg.timeout)},
+        early_stop=cfg.early_stop,
+        scale_by_std=bool(cfg.scale_by_std),
+        harness_options=container["env"].get("harness_options") or {},
+        session=container["env"].get("session") or {},
+    )
+
+
+def collect_dataset(cfg: DictConfig, progress: AttemptsProgress | None = None) -> DatasetSummary:
+    """Run ``n_samples`` attempts of every dataset instance; write ``results.jsonl`` (one line per attempt) and
+    ``traces.jsonl`` (every trace with its reward and advantage) next to the gateway's ``sessions/``."""
+    instances = dataset_instances(cfg.dataset)
+    if progress is not None:
+        progress.start(len(instances) * int(cfg.n_samples))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out) if cfg.out else Path("runs") / cfg.env.name / f"{cfg.dataset.name}-{stamp}"
+    with engine_url(cfg) as engine, proxy_client(cfg, engine, out / "proxy") as proxy:
+        env = PolarEnv(env_config(cfg, proxy, out / "sessions"))
+        groups = env.collect(instances, int(cfg.n_samples), on_sample=progress)
+    samples = [s for g in groups for s in g.samples]
+    write_jsonl((s.model_dump(mode="json", exclude={"traces"}) for s in samples), out / "results.jsonl")
+    write_jsonl((t for s in samples for t in s.traces), out / "traces.jsonl")
+    rewards = [s.reward for s in samples if s.reward is not None]
+    return DatasetSummary(
+        env=cfg.env.name,
+        dataset=cfg.dataset.name,
+        n_samples=int(cfg.n_samples),
+        attempts=len(samples),
+        trainable=len(rewards),
+        masked=len(samples) - len(rewards),
+        resolved=sum(1 for s in samples if s.outcome.grade is not None and s.outcome.grade.resolved),
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        traces=sum(len(s.traces) for s in samples),
+        per_instance={g.instance_id: g.mean_reward for g in groups},
+        out=out,
     )

@@ -15,14 +15,16 @@ from typing import Any, Literal
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.admission import Admission, AdmissionState, Ticket
+from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import anthropic, chat, responses
 from nemo_polar.proxy.conversation import Conversation, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
+from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
@@ -64,7 +66,8 @@ class Proxy:
         self.sessions = SessionStore(config.record_dir)
         self.engine = EngineClient(config.engine_url, eot_token=config.eot_token)
         self.renderer: Renderer = EngineRenderer(self.engine)
-        self.admission = Admission(config.policy_version)
+        self.admission = MeteredAdmission(config.policy_version)
+        self.metrics = ProxyMetrics(self.admission, self.sessions)
         self._local_probe: asyncio.Task[None] | None = None
 
     def current_renderer(self) -> Renderer:
@@ -150,6 +153,7 @@ class Proxy:
         try:
             session = self.authenticate(request)
         except ProxyError as err:
+            self.metrics.rejected(api, err)
             return error_response(api, err)  # no session: nothing is created or recorded
         record = CallRecord(
             call_id=new_id("call-", 32),
@@ -241,6 +245,7 @@ class Proxy:
                 if ev is KEEPALIVE:
                     yield emitter.keepalive()
                     continue
+                self.metrics.first_event(record)
                 for frame in _emit(emitter, ev):
                     yield frame
             _complete(record, gen)
@@ -266,6 +271,7 @@ class Proxy:
                 record.mark_failed("stream aborted before completion (client disconnected)", 499)
                 session.commit(record, None, None, [])
                 session.writer.append_sync(record)
+                self.metrics.observe(record, "client_disconnected")
             with anyio.CancelScope(shield=True):
                 await gen.close()
             ticket.release()
@@ -275,11 +281,13 @@ class Proxy:
     ) -> None:
         await session.writer.append(record)
         session.commit(record, conv, gen.output.as_message(), echo_ids)
+        self.metrics.observe(record)
 
     async def fail(self, session: Session, record: CallRecord, err: ProxyError) -> None:
         record.mark_failed(err.message, err.status)
         await session.writer.append(record)
         session.commit(record, None, None, [])
+        self.metrics.observe(record, err.code)
 
     async def count_tokens(self, request: Request) -> Response:
         try:
@@ -362,6 +370,12 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus text format; behind the admin token when there is one (scrapers send it as a Bearer)."""
+        admin(request)
+        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/polar/pause")
     async def pause(request: Request) -> AdmissionState:

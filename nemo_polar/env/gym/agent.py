@@ -33,7 +33,7 @@ from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_polar.env.episode import Episode, run_episode
-from nemo_polar.env.gym.envs import PolarEnv, UnknownEnv, get_env
+from nemo_polar.env.gym.envs import PolarEnvSpec, UnknownEnv, get_env
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter
@@ -183,7 +183,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
             return await asyncio.to_thread(self._episode, body, env, instance, session_dir)
 
     # -- planning: everything a row can get wrong, before anything runs -----------------------------------------
-    def _plan(self, body: PolarRunRequest) -> tuple[PolarEnv, SWEInstance, Path]:
+    def _plan(self, body: PolarRunRequest) -> tuple[PolarEnvSpec, SWEInstance, Path]:
         env = get_env(body.polar_env) if body.polar_env else get_env(self.config.env)
         if self.config.harness and not body.polar_env:
             env = env.model_copy(update={"harness": self.config.harness})
@@ -208,7 +208,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
 
     # -- one episode (blocking: runs in a worker thread) ----------------------------------------------------------
     def _episode(
-        self, body: PolarRunRequest, env: PolarEnv, instance: SWEInstance, session_dir: Path
+        self, body: PolarRunRequest, env: PolarEnvSpec, instance: SWEInstance, session_dir: Path
     ) -> PolarVerifyResponse:
         t0 = time.monotonic()
         metrics: dict[str, Any] = {

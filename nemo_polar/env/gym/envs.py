@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 
-class PolarEnv(BaseModel):
+class PolarEnvSpec(BaseModel):
     name: str
     harness: str
     harness_options: dict[str, Any] = Field(default_factory=dict)
@@ -27,15 +27,15 @@ def env_dir() -> Path:
     return conf_dir() / "env"
 
 
-def polar_envs() -> dict[str, PolarEnv]:
+def polar_envs() -> dict[str, PolarEnvSpec]:
     envs = {}
     for path in sorted(env_dir().glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
-        envs[path.stem] = PolarEnv.model_validate({"name": path.stem, **data})
+        envs[path.stem] = PolarEnvSpec.model_validate({"name": path.stem, **data})
     return envs
 
 
-def get_env(name: str) -> PolarEnv:
+def get_env(name: str) -> PolarEnvSpec:
     envs = polar_envs()
     if name not in envs:
         raise UnknownEnv(f"unknown Polar env {name!r}; choose one of {', '.join(envs) or '(none found)'}")

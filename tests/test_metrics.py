@@ -1,0 +1,312 @@
+"""Prometheus metrics: the proxy's /metrics after real calls (counts, tokens, histograms, busy time, failures by
+reason, admin token) and a gateway's metrics over real sessions (stage depths with a backlog, stage counts,
+outcomes by status and reason kind, rewards)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest, _Job
+from nemo_polar.env.gateway_metrics import reason_kind
+from nemo_polar.env.session import ProxyClient, SessionResult
+from nemo_polar.proxy.metrics import failure_reason
+from nemo_polar.rewards import bundled_instances
+from nemo_polar.rewards.grader import GradeResult
+from tests.conftest import ProxyHandle, make_proxy
+
+HOLD_S = 0.6
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """``(sample name, sorted labels) -> value`` for every sample of a Prometheus text exposition."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def scrape(url: str, **headers: str) -> Samples:
+    resp = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/plain")
+    return parse(resp.text)
+
+
+@pytest.fixture
+def fresh(engine_url: str, tmp_path: Path) -> Iterator[tuple[ProxyHandle, float]]:
+    """A proxy of its own (its own registry: the counts below are exactly this test's calls) and its start time."""
+    t0 = time.monotonic()
+    for handle in make_proxy(engine_url, tmp_path / "records"):
+        yield handle, t0
+
+
+@pytest.mark.engine
+def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) -> None:
+    proxy, t0 = fresh
+    session = proxy.session(sampling_overrides={"max_tokens": 8})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0, timeout=120)
+    history: list[Any] = [{"role": "user", "content": "Say hi."}]
+    reply = client.chat.completions.create(model="local-model", messages=history)
+    history += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "More"}]
+    client.chat.completions.create(model="local-model", messages=history)
+    stream = client.chat.completions.create(model="local-model", messages=history, stream=True)
+    assert list(stream)
+    client.responses.create(model="local-model", input="Say hi.")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=history)
+    bad_key = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="polar-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.chat.completions.create(model="local-model", messages=history)
+    wall = time.monotonic() - t0
+
+    m = scrape(proxy.url)
+    records = proxy.records(session["session_id"])
+    assert len(records) == 5  # four complete, one 404 (the bad key created nothing)
+    done = {"api": "chat", "mode": "continuation", "outcome": "completed"}
+    assert value(m, "polar_calls_total", **done) == 3
+    assert value(m, "polar_calls_total", api="responses", mode="continuation", outcome="completed") == 1
+    assert value(m, "polar_calls_total", api="chat", mode="continuation", outcome="failed") == 1
+    assert value(m, "polar_calls_total", api="chat", mode="none", outcome="failed") == 1
+    assert value(m, "polar_call_failures_total", api="chat", status="404", reason="model_not_found") == 1
+    assert value(m, "polar_call_failures_total", api="chat", status="401", reason="invalid_api_key") == 1
+    assert sum(v for (name, _), v in m.items() if name == "polar_call_failures_total") == 2
+    finishes = sum(v for (name, _), v in m.items() if name == "polar_call_finish_total")
+    assert finishes == 4
+
+    for api in ("chat", "responses"):
+        mine = [r for r in records if r["api"] == api]
+        assert value(m, "polar_prompt_tokens_total", api=api) == sum(len(r["prompt_token_ids"]) for r in mine) > 0
+        assert value(m, "polar_sampled_tokens_total", api=api) == sum(len(r["sampled_token_ids"]) for r in mine) > 0
+
+    assert value(m, "polar_call_latency_seconds_count", api="chat", outcome="completed") == 3
+    assert value(m, "polar_call_latency_seconds_count", api="chat", outcome="failed") == 1
+    assert value(m, "polar_call_latency_seconds_count", api="responses", outcome="completed") == 1
+    latencies = [r["finished_at"] - r["started_at"] for r in records if r["api"] == "chat" and r["complete"]]
+    assert value(m, "polar_call_latency_seconds_sum", api="chat", outcome="completed") == pytest.approx(sum(latencies))
+    assert value(m, "polar_call_latency_seconds_bucket", api="chat", outcome="completed", le="+Inf") == 3
+    assert value(m, "polar_render_seconds_count", api="chat") == 3  # the 404 failed before rendering
+    assert value(m, "polar_time_to_first_token_seconds_count", api="chat") == 1  # one streamed call
+    streamed = records[2]
+    ttft = value(m, "polar_time_to_first_token_seconds_sum", api="chat")
+    assert 0 < ttft <= streamed["finished_at"] - streamed["started_at"]
+
+    busy = value(m, "polar_engine_busy_seconds_total")
+    assert 0 < busy <= wall
+    assert 0 < value(m, "polar_engine_busy_fraction") <= 1
+    assert value(m, "polar_in_flight") == 0 and value(m, "polar_paused") == 0
+    assert value(m, "polar_sessions") == 1
+    assert math.isnan(value(m, "polar_policy_version"))
+
+    assert httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 5}).json()["drained"]
+    paused = scrape(proxy.url)
+    assert value(paused, "polar_paused") == 1
+    assert value(paused, "polar_engine_busy_seconds_total") == busy  # nothing in flight: busy time stands still
+    httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 7}).raise_for_status()
+    resumed = scrape(proxy.url)
+    assert value(resumed, "polar_paused") == 0 and value(resumed, "polar_policy_version") == 7
+
+
+@pytest.mark.engine
+def test_a_client_that_leaves_mid_stream_is_counted_as_disconnected(fresh: tuple[ProxyHandle, float]) -> None:
+    proxy, _ = fresh
+    key = proxy.session(sampling_overrides={"max_tokens": 3000}, extra_body={"ignore_eos": True})["api_key"]
+    body = {"model": "local-model", "messages": [{"role": "user", "content": "Write."}], "stream": True}
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=60
+    ) as resp:
+        assert resp.status_code == 200
+        next(line for line in resp.iter_lines() if _delta_text(line))  # generating: now hang up
+    deadline = time.monotonic() + 30
+    labels = {"api": "chat", "status": "499", "reason": "client_disconnected"}
+    while value(m := scrape(proxy.url), "polar_call_failures_total", **labels) != 1:
+        assert time.monotonic() < deadline, "the abandoned stream was never counted"
+        time.sleep(0.1)
+    assert value(m, "polar_calls_total", api="chat", mode="continuation", outcome="failed") == 1
+    assert value(m, "polar_time_to_first_token_seconds_count", api="chat") == 1
+    assert value(m, "polar_in_flight") == 0
+
+
+def _delta_text(line: str) -> str:
+    if not line.startswith("data: {"):
+        return ""
+    return "".join(c.get("delta", {}).get("content") or "" for c in json.loads(line[6:]).get("choices", []))
+
+
+def test_metrics_require_the_admin_token_when_there_is_one(tmp_path: Path) -> None:
+    # /metrics never touches the engine: an unreachable engine URL is enough here
+    for proxy in make_proxy("http://127.0.0.1:9", tmp_path, admin_token="s3cret"):
+        assert httpx.get(f"{proxy.url}/metrics").status_code == 401
+        assert httpx.get(f"{proxy.url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+        m = scrape(proxy.url, authorization="Bearer s3cret")
+        assert value(m, "polar_sessions") == 0 and value(m, "polar_engine_busy_seconds_total") == 0
+        assert httpx.get(f"{proxy.url}/health").status_code == 200  # health stays open
+    for proxy in make_proxy("http://127.0.0.1:9", tmp_path / "open"):
+        assert ("polar_in_flight", ()) in scrape(proxy.url)  # no admin token: no session key needed either
+
+
+def test_failure_reason_labels() -> None:
+    assert failure_reason(404, "model_not_found") == "model_not_found"
+    assert failure_reason(400, None) == "bad_request"
+    assert failure_reason(499, None) == "status_499"
+
+
+# -- gateway -----------------------------------------------------------------------------------------------------
+
+
+class _Instant:
+    def grade(self, patch: str) -> GradeResult:
+        return GradeResult(instance_id="m", reward=1.0, resolved=True, status="resolved", mask_sample=False)
+
+    def close(self) -> None:
+        pass
+
+
+class LightGateway(Gateway):
+    """The real gateway with light stage bodies: INIT is instant (or fails for harness ``broken``), RUN makes two
+    real chat calls through a proxy session (``gated`` then holds its run slot until ``gate`` is set; ``timeout``
+    reports a timed-out harness), grading is instant."""
+
+    gate: threading.Event
+
+    def _prepare(self, job: _Job) -> _Instant:  # type: ignore[override]
+        if job.request.harness == "broken":
+            raise RuntimeError("no workspace")
+        return _Instant()
+
+    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
+        status = "timeout" if job.request.harness == "timeout" else "completed"
+        records = []
+        session_id = job.request.request_id
+        if status == "completed":
+            session_id, key = self.proxy.create_session({"sampling_overrides": {"max_tokens": 8}})
+            client = openai.OpenAI(base_url=f"{self.proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
+            history: list[Any] = [{"role": "user", "content": "Fix it."}]
+            text = client.chat.completions.create(model="local-model", messages=history).choices[0].message.content
+            history += [{"role": "assistant", "content": text}, {"role": "user", "content": "result"}]
+            assert list(client.chat.completions.create(model="local-model", messages=history, stream=True))
+            records = self.proxy.records(session_id)
+            if job.request.harness == "gated":
+                assert self.gate.wait(60), "the test never opened the gate"
+        return SessionResult(
+            session_id=session_id, harness="light", harness_version="0", runtime="none", instance_id="m",
+            status=status, exit_code=0, session_dir=job.dir, records=records, calls=len(records),
+        )  # fmt: skip
+
+
+async def _scrape_app(gw: Gateway) -> Samples:
+    transport = httpx.ASGITransport(app=gw.metrics_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        resp = await client.get("/metrics")
+    assert resp.status_code == 200
+    return parse(resp.text)
+
+
+def _depths(samples: Samples) -> dict[str, float]:
+    return {dict(labels)["stage"]: v for (name, labels), v in samples.items() if name == "polar_gateway_stage_depth"}
+
+
+@pytest.mark.engine
+def test_gateway_metrics_over_real_sessions(fresh: tuple[ProxyHandle, float], tmp_path: Path) -> None:
+    proxy, _ = fresh
+    inst = bundled_instances()[0]
+    harnesses = ["gated", "light", "timeout", "light", "broken"]  # r3 is cancelled while queued
+
+    async def scenario() -> tuple[Samples, Samples, Samples, list[SessionOutcome]]:
+        config = GatewayConfig(
+            state_dir=tmp_path / "state", init_workers=1, run_slots=1, post_workers=1, ready_buffer=1
+        )
+        gw = LightGateway(config, ProxyClient(url=proxy.url))
+        gw.gate = threading.Event()
+        async with gw:
+            futures = [
+                await gw.submit(SessionRequest(request_id=f"r{i}", harness=h, instance=inst))
+                for i, h in enumerate(harnesses)
+            ]
+            # r0 holds the only run slot; r1 waits in the ready buffer, r2 is prepared but the buffer is full,
+            # r3 and r4 wait for the init worker
+            backlog = {"queued": 2, "init": 0, "ready": 2, "run": 1, "postrun": 0}
+            deadline = time.monotonic() + 60
+            while gw.depths() != backlog:
+                assert time.monotonic() < deadline, gw.depths()
+                await asyncio.sleep(0.02)
+            busy = await _scrape_app(gw)
+            assert gw.cancel("r3")
+            after_cancel = await _scrape_app(gw)
+            await asyncio.sleep(HOLD_S)
+            gw.gate.set()
+            outcomes = list(await asyncio.wait_for(asyncio.gather(*futures), 120))
+            return busy, after_cancel, await _scrape_app(gw), outcomes
+
+    busy, after_cancel, final, outcomes = asyncio.run(scenario())
+    assert [reason_kind(o) for o in outcomes] == ["trainable", "trainable", "timeout", "cancelled", "init_failed"]
+    assert _depths(busy) == {"queued": 2, "init": 0, "ready": 2, "run": 1, "postrun": 0}
+    assert _depths(after_cancel)["queued"] == 1
+    assert set(_depths(final).values()) == {0}
+
+    def outcome_count(status: str, kind: str) -> float:
+        return value(final, "polar_gateway_outcomes_total", status=status, kind=kind)
+
+    assert outcome_count("published", "trainable") == 2
+    assert outcome_count("published", "timeout") == 1
+    assert outcome_count("cancelled", "cancelled") == 1
+    assert outcome_count("failed", "init_failed") == 1
+    entered = {"queued": 5, "init": 4, "ready": 3, "run": 3, "postrun": 3, "done": 5}
+    left = {"queued": 5, "init": 4, "ready": 3, "run": 3, "postrun": 3, "done": 0}  # each stage a session moved on from
+    for stage in entered:
+        assert value(final, "polar_gateway_stage_entered_total", stage=stage) == entered[stage], stage
+        assert value(final, "polar_gateway_stage_seconds_count", stage=stage) == left[stage], stage
+    # r0 held the run slot at least HOLD_S after the backlog formed, and r1 waited in READY as long
+    assert value(final, "polar_gateway_stage_seconds_bucket", stage="run", le="0.5") <= 2
+    assert value(final, "polar_gateway_stage_seconds_bucket", stage="ready", le="0.5") <= 2
+    assert value(final, "polar_gateway_reward_count") == 2 and value(final, "polar_gateway_reward_sum") == 2.0
+    assert value(final, "polar_gateway_reward_bucket", le="0.75") == 0
+
+    proxied = scrape(proxy.url)  # the proxy saw exactly the two trainable sessions' calls
+    assert value(proxied, "polar_calls_total", api="chat", mode="continuation", outcome="completed") == 4
+    assert value(proxied, "polar_time_to_first_token_seconds_count", api="chat") == 2
+
+
+def _outcome(status: str = "published", **kw: Any) -> SessionOutcome:
+    return SessionOutcome(request_id="x", status=status, **kw)  # type: ignore[arg-type]
+
+
+def _graded(status: str, mask: bool, reason: str | None = None) -> SessionOutcome:
+    grade = GradeResult(instance_id="x", reward=0.0, resolved=False, status=status, mask_sample=mask)  # type: ignore[arg-type]
+    return _outcome(session_status="completed", grade=grade, reason=reason, mask_sample=mask or reason is not None)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "kind"),
+    [
+        (_graded("resolved", False), "trainable"),
+        (_outcome(session_status="harness_error", reason="harness session harness_error: exit 1"), "harness_error"),
+        (_outcome(reason="session budget of 5 s exceeded"), "budget_exceeded"),
+        (_outcome(session_status="completed", reason="evaluation failed: x"), "evaluation_failed"),
+        (_graded("infra_failure", True), "grade_infra_failure"),
+        (_graded("resolved", False, "calls span policy versions [1, 2]"), "cross_version"),
+        (_graded("resolved", False, "no main chain to train on"), "no_main_chain"),
+        (_outcome("failed", reason="harness run failed: x", stage_times={"run": 1.0}), "harness_failed"),
+        (_outcome("failed", reason="init failed: x"), "init_failed"),
+        (_outcome("cancelled", reason="cancelled"), "cancelled"),
+    ],
+)
+def test_reason_kinds(outcome: SessionOutcome, kind: str) -> None:
+    assert reason_kind(outcome) == kind
