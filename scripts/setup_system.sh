@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# System packages the runtimes need: bubblewrap (the default sandbox) and socat (the relay to the proxy).
+# System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git, chromium (report test).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v socat >/dev/null || missing+=(socat)
 command -v git >/dev/null || missing+=(git)
+command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "nemo_polar needs: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}" >&2

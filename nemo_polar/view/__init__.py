@@ -1,0 +1,2 @@
+"""``polar view``: a self-contained static HTML report of sessions, calls, chains and their tokens
+(:mod:`nemo_polar.view.report`)."""

@@ -1,0 +1,553 @@
+"""A self-contained static HTML report of rollouts: sessions, their calls, the prefix-merged chains and every token.
+
+Inputs, in any mix: a session directory (``session.json``, ``records.jsonl``, ``patch.diff``, logs, ``grade.json``
+or a gateway's ``outcome.json``), a directory holding session directories or record files (a gateway
+``state_dir``, ``runs/``, a proxy ``--record-dir``), a records JSONL, or a traces JSONL from ``polar reconstruct``.
+Everything is grouped by session id: a traces file is shown instead of rebuilding the chains and is audited
+against the records of the same session when they are given too.
+
+The page is one HTML file with inline CSS and no scripts or external URLs; every value is escaped by Jinja2's
+autoescaping, because records hold whatever a harness or model wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import jinja2
+from pydantic import BaseModel, ValidationError
+
+from nemo_polar.env.gateway import SessionOutcome
+from nemo_polar.env.session import SessionResult
+from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.audit import AuditReport, audit
+from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.io import load_records
+from nemo_polar.reconstruct.trace import Trace
+from nemo_polar.rewards.grader import GradeResult
+
+SESSION_FILES = ("session.json", "records.jsonl", "outcome.json", "grade.json")
+DEFAULT_MAX_TOKENS = 4000
+OPEN_CONTEXT = 48  # context runs up to this many tokens are shown expanded; longer ones start collapsed
+TEXT_CAP = 200_000  # characters of a patch or log kept (a log's tail: that is where failures are)
+SEARCH_DEPTH = 3  # runs/<env>/<instance>-<time>/ is the deepest layout the project writes
+M = TypeVar("M", bound=BaseModel)
+
+
+class ReportError(ValueError):
+    """Bad input: the message names the path."""
+
+
+# -- token text -------------------------------------------------------------------------------------------------
+class Decoder:
+    """Token ids as text with the model's tokenizer, or the ids themselves when there is none."""
+
+    def __init__(self, tokenizer: Any = None, source: Path | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.source = source
+
+    @classmethod
+    def load(cls, model_dir: Path) -> Decoder:
+        if not model_dir.is_dir():
+            raise ReportError(f"{model_dir}: no such tokenizer directory")
+        from transformers import AutoTokenizer  # heavy; only when asked to decode
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"{model_dir}: cannot load a tokenizer: {exc}") from None
+        return cls(tok, model_dir)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"{i} " for i in ids]
+        return self.tokenizer.batch_decode(
+            [[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def text(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def find_tokenizer(records: Iterable[CallRecord]) -> Path | None:
+    """A local model directory named by the records' ``model`` (a path, or a model in the project cache)."""
+    names = {r.request.get("model") for r in records if isinstance(r.request, dict)}
+    for name in sorted(n for n in names if isinstance(n, str) and n):
+        for candidate in (Path(name), cache_dir() / "models" / name):
+            if (candidate / "tokenizer_config.json").is_file():
+                return candidate
+    return None
+
+
+# -- reading inputs -----------------------------------------------------------------------------------------------
+def _model(path: Path, model: type[M]) -> M:
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "(root)"
+        raise ReportError(f"{path}: not a valid {model.__name__}: {where}: {first['msg']}") from None
+
+
+def _text(path: Path, *, tail: bool = False) -> str:
+    text = path.read_text(errors="replace")
+    if len(text) <= TEXT_CAP:
+        return text
+    cut = len(text) - TEXT_CAP
+    return f"[{cut} characters not shown]\n" + text[-TEXT_CAP:] if tail else text[:TEXT_CAP] + f"\n[{cut} more]"
+
+
+@dataclass
+class SessionDir:
+    path: Path
+    result: SessionResult | None = None
+    outcome: SessionOutcome | None = None
+    grade: GradeResult | None = None
+    request: dict[str, Any] | None = None
+    patch: str | None = None
+    grader_log: tuple[str, str] | None = None  # (where, text)
+    logs: list[tuple[str, str]] = field(default_factory=list)
+    records: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def outcome_id(self) -> str | None:
+        return self.outcome.request_id if self.outcome is not None else None
+
+
+def read_session_dir(path: Path) -> SessionDir:
+    d = SessionDir(path)
+    if (path / "session.json").is_file():
+        d.result = _model(path / "session.json", SessionResult)
+    if (path / "outcome.json").is_file():
+        d.outcome = _model(path / "outcome.json", SessionOutcome)
+    if (path / "grade.json").is_file():
+        d.grade = _model(path / "grade.json", GradeResult)
+    elif d.outcome is not None and d.outcome.grade is not None:  # the gateway keeps the grade in the outcome
+        d.grade = d.outcome.grade
+    if (path / "request.json").is_file():
+        try:
+            d.request = json.loads((path / "request.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path / 'request.json'}: not JSON: {exc}") from None
+    if (path / "patch.diff").is_file():
+        d.patch = _text(path / "patch.diff")
+    if (path / "records.jsonl").is_file():
+        d.records = _records(path / "records.jsonl")
+    log = d.grade.log_path if d.grade is not None else None
+    if log is None or not log.is_file():  # the grade's own path, else where the evaluator writes under the session
+        log = next(iter(sorted(path.glob("eval/*/eval.stdout.log"))), None)
+    if log is not None and log.is_file():
+        d.grader_log = (str(log), _text(log, tail=True))
+    for name in ("harness.stderr.log", "harness.stdout.log"):
+        if (path / name).is_file():
+            d.logs.append((name, _text(path / name, tail=True)))
+    return d
+
+
+def _records(path: Path) -> list[CallRecord]:
+    try:
+        return [r for recs in load_records([path]).values() for r in recs]
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _traces(path: Path) -> list[Trace]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    out.append(Trace.model_validate_json(line))
+                except ValidationError as exc:
+                    raise ReportError(f"{path}:{lineno}: not a valid trace: {exc.errors()[0]['msg']}") from None
+    return out
+
+
+def _jsonl_kind(path: Path, *, strict: bool = True) -> Literal["records", "traces"] | None:
+    """What a JSONL file holds, by its first row; anything else raises (``strict``) or is None."""
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        first = next((line for line in fh if line.strip()), None)
+    try:
+        row = json.loads(first) if first is not None else None
+    except json.JSONDecodeError:
+        row = None
+    keys = set(row) if isinstance(row, dict) else set()
+    if {"call_id", "prompt_token_ids"} <= keys:
+        return "records"
+    if {"trace_id", "response_ids", "loss_mask"} <= keys:
+        return "traces"
+    if not strict:
+        return None
+    if first is None:
+        raise ReportError(f"{path}: empty file: expected a records or traces JSONL")
+    if row is None:
+        raise ReportError(f"{path}: not JSONL: expected a records or traces JSONL")
+    shown = ", ".join(sorted(keys)[:8]) or type(row).__name__
+    raise ReportError(f"{path}: not a records or traces JSONL (first line has: {shown})")
+
+
+def _is_session_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in SESSION_FILES)
+
+
+def _search(root: Path, depth: int) -> tuple[list[Path], list[Path]]:
+    """Session directories and JSONL files under ``root``, without descending into a session directory."""
+    dirs: list[Path] = []
+    files: list[Path] = []
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and _is_session_dir(child):
+            dirs.append(child)
+        elif child.is_dir() and depth > 1:
+            more_dirs, more_files = _search(child, depth - 1)
+            dirs += more_dirs
+            files += more_files
+        elif child.is_file() and child.suffix == ".jsonl":
+            files.append(child)
+    return dirs, files
+
+
+def _started(d: SessionDir) -> tuple[float, str]:
+    return min((r.started_at for r in d.records), default=float("inf")), str(d.path)
+
+
+@dataclass
+class _Entry:
+    session_id: str
+    sources: list[str] = field(default_factory=list)
+    dir: SessionDir | None = None
+    records: dict[str, CallRecord] = field(default_factory=dict)
+    traces: list[Trace] | None = None
+
+
+def collect(inputs: Sequence[Path]) -> list[_Entry]:
+    """Read every input, grouped by session id in order of first appearance."""
+    entries: dict[str, _Entry] = {}
+
+    def entry(key: str, session_id: str, source: Path) -> _Entry:
+        e = entries.setdefault(key, _Entry(session_id))
+        if str(source) not in e.sources:
+            e.sources.append(str(source))
+        return e
+
+    def add_file(path: Path) -> None:
+        if _jsonl_kind(path) == "records":
+            for rec in _records(path):
+                entry(rec.session_id, rec.session_id, path).records.setdefault(rec.call_id, rec)
+        else:
+            for trace in _traces(path):
+                e = entry(trace.session_id, trace.session_id, path)
+                e.traces = [*(e.traces or []), trace]
+
+    for path in inputs:
+        if not path.exists():
+            raise ReportError(f"{path}: no such file or directory")
+        if path.is_file() and path.name in ("session.json", "outcome.json", "grade.json"):
+            path = path.parent  # session.json / outcome.json / grade.json stand for their session directory
+        if path.is_dir():
+            dirs, files = ([path], []) if _is_session_dir(path) else _search(path, SEARCH_DEPTH)
+            # chronological: a runs/ or state_dir names sessions by id or request, not by when they ran
+            for sd in sorted(map(read_session_dir, dirs), key=_started):
+                sid = sd.result.session_id if sd.result else sd.records[0].session_id if sd.records else None
+                # a session that never reached the proxy (cancelled while queued) has no id: its directory is it
+                e = entry(sid or f"dir:{sd.path}", sid or sd.outcome_id or sd.path.name, sd.path)
+                e.dir = sd
+                for rec in sd.records:
+                    e.records.setdefault(rec.call_id, rec)
+            usable = [f for f in files if _jsonl_kind(f, strict=False)]  # found, not named: skip other JSONL
+            if not dirs and not usable:
+                raise ReportError(f"{path}: holds no session directory and no records or traces JSONL")
+            for f in usable:
+                add_file(f)
+        elif path.is_file():
+            if path.suffix != ".jsonl":
+                raise ReportError(
+                    f"{path}: unrecognised input: expected a session directory, a records JSONL or a traces JSONL"
+                )
+            add_file(path)
+        else:
+            raise ReportError(f"{path}: not a regular file or directory")
+    return list(entries.values())
+
+
+# -- view models --------------------------------------------------------------------------------------------------
+@dataclass
+class Tok:
+    text: str
+    title: str
+    cls: Literal["train", "masked"]
+
+
+@dataclass
+class Run:
+    """One stretch of a trace's token stream: a call marker, a context run (collapsible) or sampled tokens."""
+
+    kind: Literal["call", "context", "sampled"]
+    label: str = ""
+    head: str = ""
+    omitted: int = 0
+    tail: str = ""
+    n: int = 0
+    open: bool = False
+    tokens: list[Tok] = field(default_factory=list)
+    audit: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TraceView:
+    trace: Trace
+    runs: list[Run]
+    shown: int
+    total: int
+    audit: dict[str, list[str]]  # call id -> the audit checks it failed
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.trace.break_reason or self.audit)
+
+
+@dataclass
+class CallRow:
+    rec: CallRecord
+    latency_s: float | None
+    trace_index: int | None
+    preview: str
+
+
+@dataclass
+class SessionView:
+    anchor: str
+    session_id: str
+    sources: list[str]
+    dir: SessionDir | None
+    calls: list[CallRow]
+    failed: list[CallRecord]
+    traces: list[TraceView]
+    traces_from: str  # "prefix_merging" or the traces file
+    audit: AuditReport | None
+    stage_offsets: list[tuple[str, float]]
+
+    @property
+    def status(self) -> str | None:
+        d = self.dir
+        if d is None:
+            return None
+        if d.result is not None:
+            return d.result.status
+        return d.outcome.session_status or d.outcome.status if d.outcome is not None else None
+
+    @property
+    def reward(self) -> str:
+        d = self.dir
+        grade = d.grade if d else None
+        if grade is not None:
+            return f"masked ({grade.status})" if grade.mask_sample else f"{grade.reward:g}"
+        if d is not None and d.outcome is not None:
+            o = d.outcome
+            return "masked" if o.mask_sample or o.reward is None else f"{o.reward:g}"
+        return "—"
+
+    @property
+    def breaks(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tv in self.traces:
+            if tv.trace.break_reason:
+                out[tv.trace.break_reason] = out.get(tv.trace.break_reason, 0) + 1
+        return out
+
+
+def _audit_failures(report: AuditReport) -> dict[str, list[str]]:
+    bad: dict[str, list[str]] = {}
+    for kind in ("sampled_mismatch", "context_mismatch", "missing_records"):
+        for call_id in getattr(report, kind):
+            bad.setdefault(call_id, []).append(kind)
+    return bad
+
+
+def _context_run(ids: Sequence[int], label: str, decoder: Decoder, limit: int) -> Run:
+    """Long context is elided in the middle: its start and its end (the latest turn) are what a reader needs."""
+    n = len(ids)
+    run = Run("context", label=f"{label} · {n} tokens", n=n, open=n <= OPEN_CONTEXT)
+    if n <= limit:
+        run.head = decoder.text(ids)
+    else:
+        half = limit // 2
+        run.head, run.omitted, run.tail = decoder.text(ids[:half]), n - 2 * half, decoder.text(ids[-half:])
+    return run
+
+
+def trace_view(trace: Trace, decoder: Decoder, bad: dict[str, list[str]], max_tokens: int) -> TraceView:
+    context_limit = max(32, max_tokens // 16)
+    budget = max_tokens
+    runs: list[Run] = []
+
+    def context(ids: Sequence[int], label: str) -> None:
+        nonlocal budget
+        run = _context_run(ids, label, decoder, max(2, min(context_limit, budget)))
+        budget -= run.n - run.omitted
+        runs.append(run)
+
+    context(trace.prompt_ids, "prompt")
+    for span in trace.spans:
+        if budget <= 0:
+            break
+        label = f"call {span.call_id} · finish {span.finish_reason or '—'}"
+        runs.append(Run("call", label=label, audit=bad.get(span.call_id, [])))
+        if span.start > span.context_start:
+            context(trace.response_ids[span.context_start : span.start], "context")
+        ids = trace.response_ids[span.start : span.end][: max(budget, 0)]
+        toks = []
+        for k, (tid, piece) in enumerate(zip(ids, decoder.pieces(ids), strict=True)):
+            lp, trainable = trace.logprobs[span.start + k], trace.loss_mask[span.start + k] == 1
+            title = f"id {tid} · logprob {lp:.4f}" if lp is not None else f"id {tid} · masked"
+            toks.append(Tok(piece, title, "train" if trainable else "masked"))
+        budget -= len(ids)
+        runs.append(Run("sampled", n=len(ids), tokens=toks))
+    total = len(trace.prompt_ids) + len(trace.response_ids)
+    calls = {s.call_id for s in trace.spans}
+    return TraceView(trace, runs, max_tokens - max(budget, 0), total, {c: v for c, v in bad.items() if c in calls})
+
+
+def session_view(e: _Entry, decoder: Decoder, max_tokens: int, index: int) -> SessionView:
+    records = sorted(e.records.values(), key=lambda r: (r.started_at, r.call_id))
+    audit_report: AuditReport | None = None
+    if e.traces is not None:
+        traces, traces_from = e.traces, ", ".join(s for s in e.sources if s.endswith(".jsonl")) or "traces file"
+    else:
+        traces, traces_from = prefix_merging(records).traces, "prefix_merging"
+    if records:
+        audit_report = audit(traces, records)
+    bad = _audit_failures(audit_report) if audit_report else {}
+    views = [trace_view(t, decoder, bad, max_tokens) for t in traces]
+    where = {c: i for i, t in enumerate(traces) for c in t.call_ids}
+    calls = [
+        CallRow(
+            r,
+            r.finished_at - r.started_at if r.finished_at is not None else None,
+            where.get(r.call_id),
+            (r.output_text or "")[:160],
+        )
+        for r in records
+    ]
+    stage_offsets: list[tuple[str, float]] = []
+    if e.dir is not None and e.dir.outcome is not None and e.dir.outcome.stage_times:
+        times = e.dir.outcome.stage_times
+        t0 = min(times.values())
+        stage_offsets = [(stage, t - t0) for stage, t in sorted(times.items(), key=lambda kv: kv[1])]
+    return SessionView(
+        anchor=f"s{index}",
+        session_id=e.session_id,
+        sources=e.sources,
+        dir=e.dir,
+        calls=calls,
+        failed=[r for r in records if not r.complete],
+        traces=views,
+        traces_from=traces_from,
+        audit=audit_report,
+        stage_offsets=stage_offsets,
+    )
+
+
+# -- rendering ----------------------------------------------------------------------------------------------------
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,  # records carry arbitrary harness and model text
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["diff_class"] = _diff_class
+    return env
+
+
+def _diff_class(line: str) -> str:
+    if line.startswith(("+++", "---", "diff ", "index ")):
+        return "meta"
+    return {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "")
+
+
+def render_report(
+    inputs: list[Path], tokenizer_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS
+) -> str:
+    """The report for ``inputs`` as one HTML document; :class:`ReportError` names the input that is not usable."""
+    if not inputs:
+        raise ReportError("no inputs: give session directories, records JSONL or traces JSONL")
+    if max_tokens < 1:
+        raise ReportError(f"max_tokens must be positive, got {max_tokens}")
+    entries = collect(inputs)
+    if tokenizer_dir is not None:
+        decoder = Decoder.load(tokenizer_dir)
+    else:
+        found = find_tokenizer(r for e in entries for r in e.records.values())
+        decoder = Decoder.load(found) if found else Decoder()
+    sessions = [session_view(e, decoder, max_tokens, i) for i, e in enumerate(entries)]
+    return (
+        _environment()
+        .get_template("report.html.j2")
+        .render(
+            sessions=sessions,
+            inputs=[str(p) for p in inputs],
+            tokenizer=str(decoder.source) if decoder.source else None,
+            max_tokens=max_tokens,
+            generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        )
+    )
+
+
+def write_report(
+    inputs: list[Path], output: Path, tokenizer_dir: Path | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Path:
+    html = render_report(inputs, tokenizer_dir, max_tokens=max_tokens)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(html, encoding="utf-8")
+    return output
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        type=Path,
+        metavar="INPUT",
+        help="session directories (or directories of them), records JSONL, traces JSONL",
+    )
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="model directory whose tokenizer decodes ids")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"tokens rendered per trace (default {DEFAULT_MAX_TOKENS}); the rest is noted, not shown",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        out = write_report(args.inputs, args.output, args.tokenizer, max_tokens=args.max_tokens)
+    except (ReportError, OSError) as exc:
+        print(f"polar view: {exc}", file=sys.stderr)
+        return 2
+    print(f"polar view: wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="polar view", description="Write a self-contained static HTML report of sessions, calls and traces."
+    )
+    return run(add_arguments(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
