@@ -45,6 +45,11 @@ class ProxyConfig(BaseModel):
     render: Literal["auto", "engine"] = Field(
         default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
     )
+    served_model: str | None = Field(
+        default=None,
+        description="the engine's model name when it serves no /v1/models (NeMo-RL's vLLM HTTP server); "
+        "otherwise the engine's own model list is used",
+    )
 
 
 PARSERS: dict[Api, Callable[[Any], Conversation]] = {
@@ -64,7 +69,7 @@ class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.sessions = SessionStore(config.record_dir)
-        self.engine = EngineClient(config.engine_url, eot_token=config.eot_token)
+        self.engine = EngineClient(config.engine_url, eot_token=config.eot_token, served_model=config.served_model)
         self.renderer: Renderer = EngineRenderer(self.engine)
         self.admission = MeteredAdmission(config.policy_version)
         self.metrics = ProxyMetrics(self.admission, self.sessions)

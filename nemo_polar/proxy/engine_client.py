@@ -29,9 +29,17 @@ class EngineInfo:
 
 
 class EngineClient:
-    def __init__(self, base_url: str, *, eot_token: str = "<|im_end|>", max_connections: int = 1024) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        eot_token: str = "<|im_end|>",
+        max_connections: int = 1024,
+        served_model: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.eot_token = eot_token
+        self.served_model = served_model
         self.max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
         self._info: EngineInfo | None = None
@@ -100,8 +108,11 @@ class EngineClient:
             if self._info is None:
                 try:
                     async with self.http.get(self.base_url + "/v1/models") as resp:
-                        resp.raise_for_status()
-                        card = (await resp.json())["data"][0]
+                        if resp.status == 404:  # NeMo-RL's vLLM HTTP server serves no model list
+                            card = self._served_card()
+                        else:
+                            resp.raise_for_status()
+                            card = (await resp.json())["data"][0]
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise self._unreachable(exc) from exc
                 eot = {"model": card["id"], "prompt": self.eot_token, "add_special_tokens": False}
@@ -109,6 +120,15 @@ class EngineClient:
                 eot_id = ids[0] if len(ids) == 1 else None
                 self._info = EngineInfo(card["id"], card.get("max_model_len"), eot_id, card.get("root"))
             return self._info
+
+    def _served_card(self) -> dict[str, Any]:
+        if self.served_model is None:
+            raise ProxyError(
+                502,
+                f"the engine at {self.base_url} has no /v1/models; set the proxy's served_model to the name it serves",
+                code="engine_unreachable",
+            )
+        return {"id": self.served_model}
 
     async def model_root(self) -> str | None:
         return (await self.info()).root

@@ -305,7 +305,11 @@ class PolarAgent(SimpleResponsesAPIAgent):
         record_dir = (self.config.work_dir or cache_dir() / "gym") / "records"
         aliases = list(dict.fromkeys([self.config.model, "local-model"]))  # run_session names its model local-model
         for url in self.config.engine_urls():
-            app = create_app(ProxyConfig(engine_url=url, record_dir=record_dir, model_aliases=aliases))
+            # NeMo-RL's vLLM server lists no models: it serves the policy under the agent's model name.
+            config = ProxyConfig(
+                engine_url=url, record_dir=record_dir, model_aliases=aliases, served_model=self.config.model
+            )
+            app = create_app(config)
             self._proxies.append(BackgroundServer(app).__enter__())
 
     def close(self) -> None:
