@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
@@ -262,7 +263,9 @@ def test_an_episode_that_raises_is_a_masked_sample_not_a_500(tmp_path: Path) -> 
         seen.update(harness=harness.name, instance=instance.instance_id, **kw)
         raise RuntimeError("sandbox runtime unavailable")
 
-    agent = make_agent("polar_codex", proxy_url="http://127.0.0.1:1", work_dir=tmp_path, runtime="local")
+    agent = make_agent(
+        "polar_codex", proxy_url="http://127.0.0.1:1", work_dir=tmp_path, runtime="local", staging="direct"
+    )
     agent.episode_runner = broken_runner
     resp = TestClient(agent.setup_webserver()).post("/run", json=row_for("polar_codex", "polar__lrucache-1"))
     assert resp.status_code == 200, resp.text
@@ -302,7 +305,8 @@ def records_proxy(engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:
 
 def _run(proxy: ProxyHandle, env: str, row: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     agent = make_agent(env, proxy_url=proxy.url, work_dir=tmp_path / "sessions", scripted=True, timeout=300)
-    resp = TestClient(agent.setup_webserver()).post("/run", json=row)
+    with TestClient(agent.setup_webserver()) as client:  # the lifespan closes the agent's gateway and proxies
+        resp = client.post("/run", json=row)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -363,3 +367,48 @@ def test_a_grading_timeout_is_masked_but_still_well_formed(records_proxy: ProxyH
     assert "3 s" in result["failure_reason"]
     assert nemo_rl_sample(result)["loss_multiplier"] == 0.0
     assert nemo_rl_sample(result, mask_flagged_samples=False)["loss_multiplier"] == 1.0
+
+
+@pytest.mark.engine
+def test_concurrent_runs_share_one_gateway_and_overlap_stages(records_proxy: ProxyHandle, tmp_path: Path) -> None:
+    """Two /run calls on one agent with one run slot: the second is prepared while the first runs, the first is
+    graded while the second runs, and both are rewarded."""
+    agent = make_agent(
+        "polar_pi", proxy_url=records_proxy.url, work_dir=tmp_path, scripted=True, timeout=300, concurrency=1
+    )
+    rows = [row_for("polar_pi", "polar__textstats-1"), row_for("polar_pi", "polar__intervals-1")]
+    with TestClient(agent.setup_webserver()) as client, ThreadPoolExecutor(2) as pool:
+        first, second = (r.json() for r in pool.map(lambda row: client.post("/run", json=row), rows))
+        assert len(agent._gateway_host.gateway.jobs) == 2  # type: ignore[union-attr]
+    assert agent._gateway_host is None  # closed with the server
+    assert (first["reward"], second["reward"], first["mask_sample"], second["mask_sample"]) == (1.0, 1.0, False, False)
+    a, b = sorted((first["stage_times"], second["stage_times"]), key=lambda t: t["run"])
+    assert b["ready"] < a["postrun"]  # INIT of the later session overlapped the earlier RUN
+    assert b["run"] < a["done"]  # the earlier POSTRUN overlapped the later RUN
+
+
+def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: Path) -> None:
+    """The gateway's INIT fails (the row's base commit is not in its repository): a masked sample, never a 500."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    row = {
+        "responses_create_params": {"input": "fix it"},
+        "instance_id": "x__y-1",
+        "repo": "x/y",
+        "repo_path": str(repo),
+        "base_commit": "0" * 40,
+        "problem_statement": "p",
+        "FAIL_TO_PASS": '["t::a"]',
+        "script": [{"kind": "final", "text": "done"}],
+    }
+    agent = make_agent("polar_pi", openai_base_url=UNREACHABLE_ENGINE, work_dir=tmp_path / "s", scripted=True)
+    with TestClient(agent.setup_webserver()) as client:
+        resp = client.post("/run", json=row)
+    assert resp.status_code == 200, resp.text
+    result = resp.json()
+    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:episode_error")
+    assert result["failure_reason"].startswith("init failed") and "0000000" in result["failure_reason"]
+    assert result["response"]["output"] == [] and "run" not in result["stage_times"]

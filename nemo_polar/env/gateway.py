@@ -72,6 +72,9 @@ class SessionRequest(BaseModel):
     session_config: dict[str, Any] = Field(default_factory=dict)
     group_id: str | None = None
     group_needed: int | None = Field(default=None, description="results that complete the group: stop stragglers")
+    proxy: ProxyClient | None = Field(
+        default=None, exclude=True, description="the proxy this session's CLI talks to; default: the gateway's"
+    )
 
     @field_validator("request_id")
     @classmethod
@@ -253,7 +256,7 @@ class Gateway:
             get_harness(req.harness, **req.harness_options),
             req.instance.task(),
             get_runtime(self.config.runtime),
-            self.proxy,
+            req.proxy or self.proxy,
             job.dir,
             script=script,
             session_config=config,
@@ -392,3 +395,36 @@ class Gateway:
             elif (directory / "state.json").exists():
                 report.unfinished[directory.name] = json.loads((directory / "state.json").read_text())["stage"]
         return report
+
+
+class GatewayThread:
+    """A gateway on an event loop of its own, for hosts whose requests may run on other (or short-lived) loops — a
+    web server's handlers, test clients, synchronous code: ``await host.run(request)`` from any loop, or
+    ``host.run_sync(request)`` from a plain thread."""
+
+    def __init__(self, config: GatewayConfig, proxy: ProxyClient) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="polar-gateway", daemon=True)
+        self._thread.start()
+        self.gateway = Gateway(config, proxy)
+        self.recovery = self._call(self.gateway.start()).result()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def _outcome(self, request: SessionRequest) -> SessionOutcome:
+        return await (await self.gateway.submit(request))
+
+    async def run(self, request: SessionRequest) -> SessionOutcome:
+        return await asyncio.wrap_future(self._call(self._outcome(request)))
+
+    def run_sync(self, request: SessionRequest) -> SessionOutcome:
+        return self._call(self._outcome(request)).result()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self._call(self.gateway.stop()).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()

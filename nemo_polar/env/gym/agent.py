@@ -1,6 +1,8 @@
 """The Polar agent server for NeMo Gym: one ``/run`` = one episode of a real coding CLI on a SWE task.
 
-The CLI talks to the Polar proxy (which records the exact token ids), its patch is graded by swebench in a fresh
+Episodes go through a rollout gateway (``staging: gateway``, the default): concurrent ``/run`` calls share its INIT,
+RUN and POSTRUN pools, so preparing workspaces and grading overlap the harness runs that keep the engine busy. The
+CLI talks to the Polar proxy (which records the exact token ids), its patch is graded by swebench in a fresh
 sandbox, and the recorded calls are merged into the main chain, which becomes ``response.output``: one
 prefix-contiguous, token-bearing item per model call, the shape NeMo-RL's Gym post-processing asserts. Anything
 that makes the reward or the tokens untrustworthy (infrastructure failure, timeout, harness error, no main chain,
@@ -33,19 +35,21 @@ from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_polar.env.episode import Episode, run_episode
+from nemo_polar.env.gateway import GatewayConfig, GatewayThread, SessionOutcome, SessionRequest
 from nemo_polar.env.gym.envs import PolarEnvSpec, UnknownEnv, get_env
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import ProxyClient
+from nemo_polar.env.session import ProxyClient, SessionResult
 from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.records import read_records
 from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
 from nemo_polar.reconstruct.io import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.instance import SWEInstance
 
-# Called like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=, timeout=,
-# session_config=)``; injectable so a gateway can stage episodes its own way.
+# ``staging: direct`` calls it like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=,
+# timeout=, session_config=)``; injectable for fault injection.
 EpisodeRunner = Callable[..., Episode]
 
 # Session statuses that are not the policy's doing, as nemo-gym failure kinds.
@@ -72,7 +76,15 @@ class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     proxy_admin_token: str | None = None
     work_dir: Path | None = Field(default=None, description="session directories; default <cache>/gym")
     keep_sessions: bool = Field(default=True, description="keep each session directory (records, patch, logs)")
-    concurrency: int = Field(default=8, ge=1, description="episodes run at once")
+    concurrency: int = Field(default=8, ge=1, description="harness sessions run at once (the gateway's run slots)")
+    staging: Literal["gateway", "direct"] = Field(
+        default="gateway",
+        description="gateway: episodes go through a rollout gateway (INIT/RUN/POSTRUN pools, so preparing and grading "
+        "overlap the harness runs); direct: each /run prepares, runs and grades in turn",
+    )
+    gateway: dict[str, Any] = Field(
+        default_factory=dict, description="GatewayConfig fields over the defaults (init_workers, post_workers, ...)"
+    )
     mask_main_chain_breaks: bool = Field(
         default=True,
         description="mask a rollout whose main chain broke into segments: the delivered one does not cover the "
@@ -138,6 +150,9 @@ class PolarVerifyResponse(BaseVerifyResponse):
     policy_versions: list[int] = Field(default_factory=list)
     egress_refused: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
+    stage_times: dict[str, float] = Field(
+        default_factory=dict, description="gateway stage -> wall-clock time entered (staging: gateway)"
+    )
     session_dir: str | None = None
 
 
@@ -150,6 +165,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _proxies: list[Any] = PrivateAttr(default_factory=list)
     _turn: itertools.count = PrivateAttr(default_factory=itertools.count)
+    _gateway_host: GatewayThread | None = PrivateAttr(default=None)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
@@ -177,6 +193,19 @@ class PolarAgent(SimpleResponsesAPIAgent):
             env, instance, session_dir = self._plan(body)
         except (RowError, UnknownEnv, ValueError) as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
+        if self.config.staging == "gateway":
+            t0 = time.monotonic()
+            request = SessionRequest(
+                request_id=session_dir.name,
+                harness=env.harness,
+                harness_options=env.harness_options,
+                instance=instance,
+                scripted=self.config.scripted,
+                session_config=self._session_config(body, env),
+                proxy=self._proxy_client(),
+            )
+            outcome = await self._gateway(session_dir.parent).run(request)
+            return await asyncio.to_thread(self._from_outcome, body, env, instance, session_dir, outcome, t0)
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
         async with self._semaphore:
@@ -207,21 +236,29 @@ class PolarAgent(SimpleResponsesAPIAgent):
         return env, instance, work_dir / f"{rollout_id or instance.instance_id}-{uuid.uuid4().hex[:8]}"
 
     # -- one episode (blocking: runs in a worker thread) ----------------------------------------------------------
-    def _episode(
-        self, body: PolarRunRequest, env: PolarEnvSpec, instance: SWEInstance, session_dir: Path
-    ) -> PolarVerifyResponse:
-        t0 = time.monotonic()
-        metrics: dict[str, Any] = {
-            "instance_id": instance.instance_id,
-            "polar_env": env.name,
-            "harness": env.harness,
-            "session_dir": str(session_dir),
-        }
+    def _session_config(self, body: PolarRunRequest, env: PolarEnvSpec) -> dict[str, Any]:
         session_config = {**env.session}
         metadata = {**session_config.get("metadata", {}), "gym_agent": self.config.name}
         if rollout_id := maybe_rollout_id_from_run_body(body):
             metadata["rollout_id"] = rollout_id
         session_config["metadata"] = metadata
+        return session_config
+
+    @staticmethod
+    def _base_metrics(env: PolarEnvSpec, instance: SWEInstance, session_dir: Path) -> dict[str, Any]:
+        return {
+            "instance_id": instance.instance_id,
+            "polar_env": env.name,
+            "harness": env.harness,
+            "session_dir": str(session_dir),
+        }
+
+    def _episode(
+        self, body: PolarRunRequest, env: PolarEnvSpec, instance: SWEInstance, session_dir: Path
+    ) -> PolarVerifyResponse:
+        """``staging: direct``: prepare, run and grade in this thread."""
+        t0 = time.monotonic()
+        metrics = self._base_metrics(env, instance, session_dir)
         try:
             episode = self.episode_runner(
                 get_harness(env.harness, **env.harness_options),
@@ -231,11 +268,41 @@ class PolarAgent(SimpleResponsesAPIAgent):
                 runtime=self.config.runtime,
                 scripted=self.config.scripted,
                 timeout=self.config.timeout,
-                session_config=session_config,
+                session_config=self._session_config(body, env),
             )
         except Exception as exc:  # an infrastructure failure is a masked sample, never a 500 for the whole batch
             metrics["timings"] = {"episode_s": time.monotonic() - t0}
             return self._respond(body, [], 0.0, "polar:episode_error", f"{type(exc).__name__}: {exc}", metrics)
+        return self._result(body, episode, session_dir, metrics, t0)
+
+    def _from_outcome(
+        self,
+        body: PolarRunRequest,
+        env: PolarEnvSpec,
+        instance: SWEInstance,
+        session_dir: Path,
+        outcome: SessionOutcome,
+        t0: float,
+    ) -> PolarVerifyResponse:
+        """``staging: gateway``: the gateway's outcome and the session directory it left."""
+        metrics = {**self._base_metrics(env, instance, session_dir), "stage_times": outcome.stage_times}
+        saved = session_dir / "session.json"
+        if outcome.status != "published" or not saved.exists():  # failed, cancelled, or over budget before RUN
+            metrics["timings"] = {"episode_s": time.monotonic() - t0}
+            kind = {"failed": "polar:episode_error", "cancelled": "polar:cancelled"}.get(outcome.status)
+            reason = outcome.reason or outcome.status
+            return self._respond(body, [], 0.0, kind or "polar:session_budget", reason, metrics)
+        session = SessionResult.model_validate_json(saved.read_text())
+        records = session_dir / "records.jsonl"
+        session.records = read_records(records) if records.exists() else []
+        if outcome.grade is None and session.status == "completed":  # evaluation itself failed
+            metrics["timings"] = {"episode_s": time.monotonic() - t0}
+            return self._respond(body, [], 0.0, "verifier_error", outcome.reason or "not graded", metrics)
+        return self._result(body, Episode(session=session, grade=outcome.grade), session_dir, metrics, t0)
+
+    def _result(
+        self, body: PolarRunRequest, episode: Episode, session_dir: Path, metrics: dict[str, Any], t0: float
+    ) -> PolarVerifyResponse:
         t1 = time.monotonic()
         session, grade = episode.session, episode.grade
         build = prefix_merging(session.records)
@@ -312,8 +379,29 @@ class PolarAgent(SimpleResponsesAPIAgent):
             app = create_app(config)
             self._proxies.append(BackgroundServer(app).__enter__())
 
+    def _gateway(self, state_dir: Path) -> GatewayThread:
+        default_proxy = self._proxy_client()  # before the lock: it takes the lock itself
+        with self._lock:
+            if self._gateway_host is None:
+                c = self.config
+                config = GatewayConfig.model_validate(
+                    {
+                        "state_dir": state_dir,
+                        "runtime": c.runtime,
+                        "run_slots": c.concurrency,
+                        "agent_budget_s": c.timeout,
+                        "session_budget_s": c.timeout + 1800,  # INIT and grading on top of the agent's run
+                        **c.gateway,
+                    }
+                )
+                self._gateway_host = GatewayThread(config, default_proxy)
+            return self._gateway_host
+
     def close(self) -> None:
         with self._lock:
+            if self._gateway_host is not None:
+                self._gateway_host.close()
+                self._gateway_host = None
             for server in self._proxies:
                 server.__exit__(None, None, None)
             self._proxies.clear()
