@@ -15,66 +15,25 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.common import engine, proxy
-from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest, _Job
-from nemo_polar.env.session import ProxyClient, SessionResult
+from nemo_polar.env.chat_loop import ChatLoopGateway
+from nemo_polar.env.gateway import GatewayConfig, SessionRequest
+from nemo_polar.env.session import ProxyClient
 from nemo_polar.rewards import bundled_instances
-from nemo_polar.rewards.grader import GradeResult
-
-
-class _Instant:
-    def grade(self, patch: str) -> GradeResult:
-        return GradeResult(instance_id="cap", reward=1.0, resolved=True, status="resolved", mask_sample=False)
-
-    def close(self) -> None:
-        pass
-
-
-class CapacityGateway(Gateway):
-    turns: int
-
-    def _prepare(self, job: _Job) -> _Instant:  # type: ignore[override]
-        return _Instant()
-
-    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        session_id, key = self.proxy.create_session({"sampling_overrides": {"max_tokens": 8}})
-        history = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix it."}]
-        with httpx.Client(base_url=f"{self.proxy.url}/v1", timeout=600) as client:
-            for turn in range(self.turns):
-                body = {"model": "local-model", "messages": history, "stream": turn % 2 == 0}
-                resp = client.post("/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
-                resp.raise_for_status()
-                text = _content(resp)
-                history += [{"role": "assistant", "content": text}, {"role": "user", "content": f"result {turn}"}]
-        records = self.proxy.records(session_id)
-        return SessionResult(
-            session_id=session_id, harness="light", harness_version="0", runtime="none", instance_id="cap",
-            status="completed", exit_code=0, session_dir=job.dir, records=records, calls=len(records),
-        )  # fmt: skip
-
-
-def _content(resp: httpx.Response) -> str:
-    if resp.headers.get("content-type", "").startswith("text/event-stream"):
-        parts = []
-        for line in resp.text.splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                for choice in json.loads(line[6:]).get("choices", []):
-                    parts.append(choice.get("delta", {}).get("content") or "")
-        return "".join(parts)
-    return resp.json()["choices"][0]["message"]["content"] or ""
 
 
 async def run(proxy_url: str, sessions: int, turns: int, state: Path) -> tuple[float, list[str]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
-    gw = CapacityGateway(config, ProxyClient(url=proxy_url))
-    gw.turns = turns
+    gw = ChatLoopGateway(config, ProxyClient(url=proxy_url))
     inst = bundled_instances()[0]
+    options = {"turns": turns, "max_tokens": 8}
     t0 = time.monotonic()
     async with gw:
         futures = [
-            await gw.submit(SessionRequest(request_id=f"c{i}", harness="light", instance=inst)) for i in range(sessions)
+            await gw.submit(
+                SessionRequest(request_id=f"c{i}", harness="chat_loop", instance=inst, harness_options=options)
+            )
+            for i in range(sessions)
         ]
         peak = 0
         while not all(f.done() for f in futures):

@@ -18,6 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from nemo_polar.env.chat_loop import ChatLoopGateway, InstantGrade
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest, _Job
 from nemo_polar.env.gateway_metrics import reason_kind
 from nemo_polar.env.session import ProxyClient, SessionResult
@@ -171,44 +172,27 @@ def test_failure_reason_labels() -> None:
 # -- gateway -----------------------------------------------------------------------------------------------------
 
 
-class _Instant:
-    def grade(self, patch: str) -> GradeResult:
-        return GradeResult(instance_id="m", reward=1.0, resolved=True, status="resolved", mask_sample=False)
-
-    def close(self) -> None:
-        pass
-
-
-class LightGateway(Gateway):
-    """The real gateway with light stage bodies: INIT is instant (or fails for harness ``broken``), RUN makes two
-    real chat calls through a proxy session (``gated`` then holds its run slot until ``gate`` is set; ``timeout``
-    reports a timed-out harness), grading is instant."""
+class LightGateway(ChatLoopGateway):
+    """Chat-loop sessions (two real calls, the second streamed) whose harness name injects a fault: ``broken`` fails
+    in INIT, ``timeout`` reports a timed-out harness, ``gated`` holds its run slot until ``gate`` is set."""
 
     gate: threading.Event
 
-    def _prepare(self, job: _Job) -> _Instant:  # type: ignore[override]
+    def _prepare(self, job: _Job) -> InstantGrade:  # type: ignore[override]
         if job.request.harness == "broken":
             raise RuntimeError("no workspace")
-        return _Instant()
+        return super()._prepare(job)
 
     def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        status = "timeout" if job.request.harness == "timeout" else "completed"
-        records = []
-        session_id = job.request.request_id
-        if status == "completed":
-            session_id, key = self.proxy.create_session({"sampling_overrides": {"max_tokens": 8}})
-            client = openai.OpenAI(base_url=f"{self.proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
-            history: list[Any] = [{"role": "user", "content": "Fix it."}]
-            text = client.chat.completions.create(model="local-model", messages=history).choices[0].message.content
-            history += [{"role": "assistant", "content": text}, {"role": "user", "content": "result"}]
-            assert list(client.chat.completions.create(model="local-model", messages=history, stream=True))
-            records = self.proxy.records(session_id)
-            if job.request.harness == "gated":
-                assert self.gate.wait(60), "the test never opened the gate"
-        return SessionResult(
-            session_id=session_id, harness="light", harness_version="0", runtime="none", instance_id="m",
-            status=status, exit_code=0, session_dir=job.dir, records=records, calls=len(records),
-        )  # fmt: skip
+        if job.request.harness == "timeout":
+            return SessionResult(
+                session_id=job.request.request_id, harness="light", harness_version="0", runtime="none",
+                instance_id="m", status="timeout", exit_code=None, session_dir=job.dir,
+            )  # fmt: skip
+        result = super()._run_harness(job, budget)
+        if job.request.harness == "gated":
+            assert self.gate.wait(60), "the test never opened the gate"
+        return result
 
 
 async def _scrape_app(gw: Gateway) -> Samples:

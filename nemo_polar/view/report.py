@@ -513,25 +513,6 @@ def write_report(
     return output
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "inputs",
-        nargs="+",
-        type=Path,
-        metavar="INPUT",
-        help="session directories (or directories of them), records JSONL, traces JSONL",
-    )
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
-    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="model directory whose tokenizer decodes ids")
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"tokens rendered per trace (default {DEFAULT_MAX_TOKENS}); the rest is noted, not shown",
-    )
-    return parser
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         out = write_report(args.inputs, args.output, args.tokenizer, max_tokens=args.max_tokens)
@@ -543,10 +524,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="polar view", description="Write a self-contained static HTML report of sessions, calls and traces."
-    )
-    return run(add_arguments(parser).parse_args(argv))
+    """``polar view`` (its arguments live with the rest of the command line in :mod:`nemo_polar.cli`)."""
+    from nemo_polar.cli import main as polar
+
+    return polar(["view", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
