@@ -76,6 +76,7 @@ bench: setup
 	$(BIN)/python -m bench.merge
 	$(BIN)/python -m bench.grade
 	$(BIN)/python -m bench.staging
+	$(BIN)/python -m bench.capacity
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -213,7 +213,13 @@ def _gym_root(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polar", description="nemo_polar: agentic RL on any harness")
+    parser = argparse.ArgumentParser(
+        prog="polar",
+        description="nemo_polar: RL of coding agents inside their real CLIs. Start an engine (polar engine up), "
+        "then run sessions (polar rollout), datasets (polar rollout dataset=bundled n_samples=4) or SFT generation "
+        "(polar generate); inspect with polar view, polar audit, polar reconstruct.",
+        epilog="Every command has its own --help. Quick start: make demo; the README has the rest.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     engine = sub.add_parser("engine", help="start or stop the embedded vLLM engine")
@@ -268,9 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollout = sub.add_parser(
         "rollout",
-        help="run one harness session (Hydra overrides: env=polar_pi task=FILE runtime=bwrap engine.url=URL ...)",
-        description="Compose conf/rollout.yaml with Hydra overrides and run one session of a real coding CLI "
-        "through a proxy session; writes the session directory (records, patch, logs, transcript).",
+        help="run one harness session on a task, or a dataset with n_samples attempts each (Hydra overrides)",
+        description="Compose conf/rollout.yaml with Hydra overrides. With task=FILE: run one session of a real "
+        "coding CLI through a proxy session and write its directory (records, patch, logs, transcript). With "
+        "dataset=bundled|swebench: attempt every instance n_samples times through the rollout gateway, grade, "
+        "reconstruct (builder=prefix_merging|per_request) and write results.jsonl, traces.jsonl and sessions/. "
+        "Examples: env=polar_pi task=examples/tasks/calc_add/task.yaml engine.url=http://127.0.0.1:8011 | "
+        "env=polar_codex dataset=bundled n_samples=4 engine.url=... | --cfg to print the composed config.",
     )
     rollout.add_argument("overrides", nargs="*", help="e.g. env=polar_codex task=examples/tasks/calc_add/task.yaml")
     rollout.add_argument("--cfg", action="store_true", help="print the composed config and exit")
