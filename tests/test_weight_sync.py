@@ -101,14 +101,34 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
 
 
 def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
+    """A generation that cannot finish during the test (thousands of forced tokens) is in flight when the pause's
+    bounded wait ends; the client then hangs up, which ends the generation and releases it."""
     proxy = versioned
-    slow = proxy.session(**forced(LONG))
-    t = start_in_flight(proxy, lambda: ask(proxy, slow["api_key"], [{"role": "user", "content": "go"}]))
+    slow = proxy.session(
+        extra_body={"structured_outputs": {"regex": "(word ){3000}"}}, sampling_overrides={"max_tokens": 4000}
+    )
+    hang_up = threading.Event()
+
+    def stream_until_hang_up() -> None:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=slow["api_key"], max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "go"}]
+        with client.chat.completions.create(model="local-model", messages=messages, stream=True) as stream:  # type: ignore[arg-type]
+            for _ in stream:
+                if hang_up.is_set():
+                    break
+
+    t = start_in_flight(proxy, stream_until_hang_up)
     state = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 0.01}).json()
+    hang_up.set()
     assert state["paused"] and state["drained"] is False and state["in_flight"] == 1
     httpx.post(f"{proxy.url}/polar/resume", json={})
     t.join(60)
-    assert httpx.get(f"{proxy.url}/health").json()["in_flight"] == 0
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{proxy.url}/health").json()["in_flight"]:
+        assert time.monotonic() < deadline, "the abandoned generation was never released"
+        time.sleep(0.05)
+    [record] = proxy.records(slow["session_id"])
+    assert not record["complete"] and record["status_code"] == 499  # recorded as cut off by the client
 
 
 def test_a_session_spanning_versions_shows_both_in_its_trace(versioned: ProxyHandle) -> None:
