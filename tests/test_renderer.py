@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -48,3 +50,19 @@ def test_proxy_switches_to_the_verified_local_renderer(proxy: ProxyHandle) -> No
     records = proxy.records(session["session_id"])
     assert len(records) == before + 1
     assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
+
+
+@pytest.mark.parametrize(("render", "loaded"), [("auto", True), ("engine", False)])
+def test_the_tokenizer_stack_is_loaded_before_serving(render: str, loaded: bool) -> None:
+    """Imported lazily in a worker thread, transformers stalls the proxy's event loop for seconds on its first
+    call; an app that may render in-process imports it when it is built."""
+    code = (
+        "import sys\n"
+        "from nemo_polar.proxy.app import ProxyConfig, create_app\n"
+        "assert 'transformers.models.auto.tokenization_auto' not in sys.modules\n"
+        f"create_app(ProxyConfig(engine_url='http://127.0.0.1:9', render={render!r}))\n"
+        "print('transformers.models.auto.tokenization_auto' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(loaded)

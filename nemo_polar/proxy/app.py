@@ -28,7 +28,7 @@ from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
-from nemo_polar.proxy.renderer import EngineRenderer, Renderer, verified_local_renderer
+from nemo_polar.proxy.renderer import EngineRenderer, Renderer, preload_tokenizers, verified_local_renderer
 from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
 
 
@@ -351,6 +351,8 @@ def create_app(
     config: ProxyConfig, *, api_key: str | None = None, session_config: SessionConfig | None = None
 ) -> FastAPI:
     """Build the app; ``api_key`` pre-creates one session with that key (handy for running a CLI by hand)."""
+    if config.render == "auto":
+        preload_tokenizers()  # here, not lazily on the first call: see preload_tokenizers
     proxy = Proxy(config)
     if api_key:
         proxy.sessions.create(session_config or SessionConfig(mode=config.default_mode), api_key=api_key)

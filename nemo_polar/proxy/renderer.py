@@ -73,6 +73,18 @@ def _as_vllm_sees_them(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def preload_tokenizers() -> bool:
+    """Import the tokenizer stack on the calling thread, before the server runs. Importing transformers takes
+    seconds, and doing it lazily in a worker thread while the server runs stalls the event loop for as long: on a
+    busy 2-core machine ``/health`` answered after 12.7 s instead of 0.45 s. False when transformers is missing
+    (the engine then renders)."""
+    try:
+        from transformers import AutoTokenizer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class LocalRenderer:
     name = "local"
 
