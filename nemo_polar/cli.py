@@ -123,19 +123,10 @@ def _generate(args: argparse.Namespace) -> int:
     from nemo_polar.env.gym.envs import UnknownEnv
     from nemo_polar.env.rollout import serve_proxy
     from nemo_polar.progress import attempts_progress
-    from nemo_polar.rewards.instance import bundled_instances, load_instances
+    from nemo_polar.rewards.instance import select_instances
 
     try:
-        instances = bundled_instances() if str(args.instances) == "bundled" else load_instances(args.instances)
-        if args.instance_id:
-            by_id = {i.instance_id: i for i in instances}
-            unknown = [i for i in args.instance_id if i not in by_id]
-            if unknown:
-                raise ValueError(f"unknown instance ids: {', '.join(unknown)}")
-            instances = [by_id[i] for i in args.instance_id]
-        instances = instances[: args.limit] if args.limit else instances
-        if not instances:
-            raise ValueError(f"{args.instances} holds no instances")
+        instances = select_instances(args.instances, args.instance_id, args.limit)
         scripted = args.scripted if args.scripted is not None else str(args.instances) == "bundled"
         with serve_proxy(args.engine_url, args.output / "proxy", args.model, url=args.proxy_url) as proxy:
             config = PolarEnvConfig(
@@ -164,10 +155,10 @@ def _grade(args: argparse.Namespace) -> int:
     import json
 
     from nemo_polar.rewards.grader import Prediction, grade_many
-    from nemo_polar.rewards.instance import bundled_instances, load_instances
+    from nemo_polar.rewards.instance import select_instances
 
     try:
-        instances = bundled_instances() if str(args.instances) == "bundled" else load_instances(args.instances)
+        instances = select_instances(args.instances)
         by_id = {inst.instance_id: inst for inst in instances}
         text = args.predictions.read_text()
         rows = (

@@ -28,7 +28,6 @@ from rich.table import Table
 from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.gym import ENVIRONMENTS
 from nemo_polar.env.rollout import serve_proxy
-from nemo_polar.proxy.records import read_records
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.rewards.instance import SWEInstance, bundled_instances
 
@@ -80,10 +79,9 @@ def model_dir(engine_url: str) -> Path | None:
 
 def summarise(env: PolarEnv, group: Group, wall_s: float) -> DemoRow:
     [sample] = group.samples
-    records_path = env.config.state_dir / sample.request_id / "records.jsonl"
-    records = read_records(records_path) if records_path.exists() else []
+    records = sample.records
     report = audit(sample.traces, records)
-    trainable = sum(sum(t.loss_mask) for t in sample.traces)
+    trainable = sum(t.trainable_tokens for t in sample.traces)
     total = sum(len(t.prompt_ids) + len(t.response_ids) for t in sample.traces)
     return DemoRow(
         env=env.spec.name,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, computed_field
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gym.envs import get_env
 from nemo_polar.env.session import ProxyClient
-from nemo_polar.proxy.records import read_records
+from nemo_polar.proxy.records import CallRecord, read_records
 from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
 from nemo_polar.reconstruct.rewards import assign, group_advantages
 from nemo_polar.reconstruct.trace import Trace
@@ -51,7 +51,10 @@ class PolarEnvConfig(BaseModel):
 
     def model_post_init(self, context: Any) -> None:
         get_env(self.env)  # an unknown env name fails here, naming the known ones
-        GatewayConfig(state_dir=self.state_dir, runtime=self.runtime, **self.gateway)  # bad gateway fields too
+        self.gateway_config()  # bad gateway fields too
+
+    def gateway_config(self) -> GatewayConfig:
+        return GatewayConfig(state_dir=self.state_dir, runtime=self.runtime, **self.gateway)
 
 
 class Sample(BaseModel):
@@ -62,6 +65,7 @@ class Sample(BaseModel):
     index: int
     outcome: SessionOutcome
     traces: list[Trace] = Field(default_factory=list)
+    records: list[CallRecord] = Field(default_factory=list, exclude=True, description="the calls the traces cover")
     advantage: float | None = None
 
     @computed_field  # type: ignore[prop-decorator]
@@ -133,9 +137,9 @@ class PolarEnv:
     ) -> list[Group]:
         instances = list(instances)
         requests = self.requests(instances, n_samples)
-        gw_config = GatewayConfig(state_dir=self.config.state_dir, runtime=self.config.runtime, **self.config.gateway)
+        indices = [k for _ in instances for k in range(n_samples)]  # the order requests() makes them in
         samples: dict[str, Sample] = {}
-        async with Gateway(gw_config, self.config.proxy) as gateway:
+        async with Gateway(self.config.gateway_config(), self.config.proxy) as gateway:
 
             async def one(req: SessionRequest, index: int) -> None:
                 outcome = await (await gateway.submit(req))
@@ -144,7 +148,7 @@ class PolarEnv:
                 if on_sample is not None:
                     on_sample(sample)
 
-            await asyncio.gather(*(one(r, int(r.request_id.rsplit(".s", 1)[1])) for r in requests))
+            await asyncio.gather(*(one(r, k) for r, k in zip(requests, indices, strict=True)))
         groups = []
         for inst in instances:
             members = [samples[request_id(inst.instance_id, k)] for k in range(n_samples)]
@@ -157,12 +161,15 @@ class PolarEnv:
 
     def _sample(self, req: SessionRequest, index: int, outcome: SessionOutcome) -> Sample:
         records_path = self.config.state_dir / req.request_id / "records.jsonl"
-        traces: list[Trace] = []
-        if records_path.exists():
-            build = BUILDERS[self.config.builder]
-            traces = build(read_records(records_path), self.config.builder_config).traces
+        records = read_records(records_path) if records_path.exists() else []
+        traces = BUILDERS[self.config.builder](records, self.config.builder_config).traces if records else []
         return Sample(
-            request_id=req.request_id, instance_id=req.instance.instance_id, index=index, outcome=outcome, traces=traces
+            request_id=req.request_id,
+            instance_id=req.instance.instance_id,
+            index=index,
+            outcome=outcome,
+            traces=traces,
+            records=records,
         )
 
     def _advantages(self, members: list[Sample]) -> None:

@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.progress import AttemptsProgress
-from nemo_polar.proxy.records import read_records
 from nemo_polar.reconstruct.export import sft_rows, write_jsonl, write_parquet
 from nemo_polar.rewards.instance import SWEInstance
 
@@ -76,7 +75,6 @@ def export_accepted(env: PolarEnv, groups: list[Group], out: Path) -> Acceptance
             if not accepted(sample):
                 continue
             stats.accepted += 1
-            records = read_records(env.config.state_dir / sample.request_id / "records.jsonl")
             meta = {
                 "env": env.spec.name,
                 "harness": env.spec.harness,
@@ -85,7 +83,7 @@ def export_accepted(env: PolarEnv, groups: list[Group], out: Path) -> Acceptance
                 "attempt": sample.index,
             }
             kept = [t for t in sample.traces if t.role in KEPT_ROLES]
-            rows += sft_rows(kept, records, dict.fromkeys({t.session_id for t in kept}, meta))
+            rows += sft_rows(kept, sample.records, dict.fromkeys({t.session_id for t in kept}, meta))
     totals = Counter[str]()
     for s in per_instance.values():
         totals.update(s.model_dump())

@@ -155,27 +155,13 @@ def summary(cfg: DictConfig, result: SessionResult) -> RolloutSummary:
 
 # -- datasets: n_samples attempts per instance through the gateway ---------------------------------------------------
 def dataset_instances(dataset: DictConfig) -> list[SWEInstance]:
-    from nemo_polar.rewards.instance import bundled_instances, load_bundled, load_instances
+    from nemo_polar.rewards.instance import select_instances
 
-    path = Path(str(dataset.path))
-    if str(dataset.path) == "bundled":
-        instances = bundled_instances()
-    elif (path / "task.yaml").exists():
-        instances = [load_bundled(path)]
-    else:
-        instances = load_instances(path)
-    if dataset.get("instance_ids"):
-        wanted = list(dataset.instance_ids)
-        by_id = {i.instance_id: i for i in instances}
-        unknown = [i for i in wanted if i not in by_id]
-        if unknown:
-            raise ValueError(f"dataset {dataset.name}: unknown instance ids {unknown}")
-        instances = [by_id[i] for i in wanted]
-    if dataset.get("limit"):
-        instances = instances[: int(dataset.limit)]
-    if not instances:
-        raise ValueError(f"dataset {dataset.name} ({dataset.path}) has no instances")
-    return instances
+    limit = int(dataset.limit) if dataset.get("limit") else None
+    try:
+        return select_instances(str(dataset.path), list(dataset.get("instance_ids") or []), limit)
+    except ValueError as exc:
+        raise ValueError(f"dataset {dataset.name}: {exc}") from None
 
 
 class DatasetSummary(BaseModel):

@@ -8,7 +8,7 @@ plus a Python environment (``bwrap``, and ``docker`` with the project's image).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,24 @@ def load_instances(path: Path) -> list[SWEInstance]:
     if path.suffix == ".jsonl" or path.suffix == ".json":
         return load_jsonl(path) if path.suffix == ".jsonl" else load_hf(path)
     return load_hf(path)
+
+
+def select_instances(
+    source: str | Path, instance_ids: Sequence[str] | None = None, limit: int | None = None
+) -> list[SWEInstance]:
+    """``"bundled"`` or anything :func:`load_instances` reads; then only ``instance_ids`` (in that order) and/or the
+    first ``limit``. Unknown ids and an empty selection are errors naming the problem."""
+    instances = bundled_instances() if str(source) == "bundled" else load_instances(Path(source))
+    if instance_ids:
+        by_id = {i.instance_id: i for i in instances}
+        unknown = [i for i in instance_ids if i not in by_id]
+        if unknown:
+            raise ValueError(f"{source}: unknown instance ids: {', '.join(unknown)}")
+        instances = [by_id[i] for i in instance_ids]
+    instances = instances[:limit] if limit else instances
+    if not instances:
+        raise ValueError(f"{source} holds no instances")
+    return instances
 
 
 # -- bundled instances: examples/tasks/swe/<id>/{task.yaml, repo/, gold.patch, test.patch} --------------------------
