@@ -1,6 +1,7 @@
 # nemo_polar — the two commands a new user runs: `make demo` and `make test`.
-# `make setup` is idempotent and cached: the project venv (.venv), the vLLM engine venv, the offline models and
-# the pinned coding CLIs under $(POLAR_CACHE) (default ~/.cache/nemo_polar), and the sandbox tools (bwrap, socat).
+# `make setup` is idempotent and cached: the project venv (.venv, with `uv`: NeMo Gym builds server venvs with it), the
+# vLLM engine venv, the offline models and the pinned coding CLIs under $(POLAR_CACHE) (default ~/.cache/nemo_polar),
+# and the sandbox tools (bwrap, socat).
 
 PYTHON ?= python3
 POLAR_CACHE ?= $(HOME)/.cache/nemo_polar
@@ -77,6 +78,7 @@ bench: setup
 	$(BIN)/python -m bench.grade
 	$(BIN)/python -m bench.staging
 	$(BIN)/python -m bench.capacity
+	$(BIN)/python -m bench.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -18,13 +18,13 @@ from pathlib import Path
 from bench.common import engine, proxy
 from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import GatewayConfig, SessionRequest
-from nemo_polar.env.session import ProxyClient
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 
 
-async def run(proxy_url: str, sessions: int, turns: int, state: Path) -> tuple[float, list[str]]:
+async def run(proxy_client: ProxyClient, sessions: int, turns: int, state: Path) -> tuple[float, list[str]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
-    gw = ChatLoopGateway(config, ProxyClient(url=proxy_url))
+    gw = ChatLoopGateway(config, proxy_client)
     inst = bundled_instances()[0]
     options = {"turns": turns, "max_tokens": 8}
     t0 = time.monotonic()
@@ -50,8 +50,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     cpu: dict[str, float] = {}
-    with engine() as url, proxy(url, cpu) as proxy_url, tempfile.TemporaryDirectory(prefix="polar-cap-") as tmp:
-        wall, statuses = asyncio.run(run(proxy_url, args.sessions, args.turns, Path(tmp)))
+    with engine() as url, proxy(url, cpu) as proxy_client, tempfile.TemporaryDirectory(prefix="polar-cap-") as tmp:
+        wall, statuses = asyncio.run(run(proxy_client, args.sessions, args.turns, Path(tmp)))
         record_dir = Path(cpu["record_dir"])  # type: ignore[arg-type]
         lines = [json.loads(line) for p in record_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
     complete = sum(1 for r in lines if r["complete"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -10,9 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, stop_group, wait_healthy
+from nemo_polar.proxy.client import ProxyClient
 
 
 @contextmanager
@@ -32,9 +32,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[str]:
-    """Run ``polar proxy`` as a separate process, as a deployment would."""
-    port = free_port()
+def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[ProxyClient]:
+    """Run ``polar proxy`` as a separate process, as a deployment would (model and admin listeners)."""
+    port, admin_port, token = free_port(), free_port(), secrets.token_urlsafe(24)
     records = Path(tempfile.mkdtemp(prefix="polar-bench-"))
     if cpu is not None:
         cpu["record_dir"] = records  # type: ignore[assignment]
@@ -51,13 +51,19 @@ def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[str]
         str(records),
         "--model-alias",
         "local-model",
+        "--admin-port",
+        str(admin_port),
+        "--admin-token",
+        token,
     ]
     proc = subprocess.Popen(cmd, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    if cpu is not None:
+        cpu["proxy_pid"] = proc.pid
+    client = ProxyClient(url=f"http://127.0.0.1:{port}", admin_url=f"http://127.0.0.1:{admin_port}", admin_token=token)
     try:
-        wait_healthy(url, 60, proc)
+        wait_healthy(client.url, 60, proc)
         start = cpu_seconds(proc.pid)
-        yield url
+        yield client
         if cpu is not None:
             cpu["proxy_cpu_s"] = cpu_seconds(proc.pid) - start
     finally:
@@ -65,10 +71,8 @@ def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[str]
         proc.wait()
 
 
-def new_session(proxy_url: str, **config: object) -> str:
-    resp = httpx.post(f"{proxy_url}/polar/sessions", json=config, timeout=10)
-    resp.raise_for_status()
-    return resp.json()["api_key"]
+def new_session(proxy: ProxyClient, **config: object) -> str:
+    return proxy.create_session(config)[1]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import engine, new_session, proxy
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.io import load_records
@@ -39,8 +40,9 @@ async def agent(client: aiohttp.ClientSession, url: str, key: str, turns: int, i
         ]
 
 
-async def record(url: str, sessions: int, turns: int) -> None:
-    keys = [new_session(url, sampling_overrides={"max_tokens": 24}) for _ in range(sessions)]
+async def record(proxy: ProxyClient, sessions: int, turns: int) -> None:
+    url = proxy.url
+    keys = [new_session(proxy, sampling_overrides={"max_tokens": 24}) for _ in range(sessions)]
     async with aiohttp.ClientSession() as client:
         await asyncio.gather(*(agent(client, url, k, turns, i) for i, k in enumerate(keys)))
 
@@ -52,8 +54,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="builds per builder for the throughput figure")
     args = parser.parse_args()
     info: dict[str, object] = {}
-    with engine() as engine_url, proxy(engine_url, info) as proxy_url:  # type: ignore[arg-type]
-        asyncio.run(record(proxy_url, args.sessions, args.turns))
+    with engine() as engine_url, proxy(engine_url, info) as proxy_client:  # type: ignore[arg-type]
+        asyncio.run(record(proxy_client, args.sessions, args.turns))
         paths = sorted(Path(str(info["record_dir"])).glob("*.jsonl"))
     sessions = load_records(paths)
     calls = sum(len(r) for r in sessions.values())

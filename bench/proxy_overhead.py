@@ -48,11 +48,11 @@ async def main() -> None:
     args = parser.parse_args()
 
     cpu: dict[str, float] = {}
-    with engine() as engine_url, proxy(engine_url, cpu) as proxy_url:
+    with engine() as engine_url, proxy(engine_url, cpu) as proxy_client:
         info = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
         pinned = {"temperature": 0.0, "max_tokens": args.max_tokens}
         keys = [
-            new_session(proxy_url, mode=args.mode, sampling_overrides=pinned, extra_body={"ignore_eos": True})
+            new_session(proxy_client, mode=args.mode, sampling_overrides=pinned, extra_body={"ignore_eos": True})
             for _ in range(args.sessions)
         ]
         histories = {
@@ -73,7 +73,7 @@ async def main() -> None:
                         body = {"model": info if side == "direct" else "local-model", "messages": list(hist),
                                 "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True,
                                 **(CAPTURE if side == "direct" else {})}  # fmt: skip
-                        url, key = (engine_url, None) if side == "direct" else (proxy_url, keys[i])
+                        url, key = (engine_url, None) if side == "direct" else (proxy_client.url, keys[i])
                         jobs.append((side, hist, one(client, url, key, body)))
                 results = await asyncio.gather(*(job for _, _, job in jobs))
                 for (side, hist, _), (elapsed, text) in zip(jobs, results, strict=True):

@@ -21,7 +21,8 @@ import httpx
 
 from bench.common import engine
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest, _Job
-from nemo_polar.env.session import ProxyClient, SessionResult
+from nemo_polar.env.session import SessionResult
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.grader import GradeResult
 
@@ -109,7 +110,7 @@ def serial(work: Workload, sessions: int) -> float:
 
 async def pipelined(work: Workload, sessions: int, state: Path) -> float:
     gw = SimulatedGateway(
-        GatewayConfig(state_dir=state, init_workers=2, run_slots=1, post_workers=2), ProxyClient(url="")
+        GatewayConfig(state_dir=state, init_workers=2, run_slots=1, post_workers=2), ProxyClient(url="", admin_url="")
     )
     gw.work = work
     inst = bundled_instances()[0]

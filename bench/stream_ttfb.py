@@ -51,7 +51,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     info: dict[str, float] = {}
-    with engine() as engine_url, proxy(engine_url, info) as proxy_url:
+    with engine() as engine_url, proxy(engine_url, info) as proxy_client:
         model = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
         pinned = {"temperature": 0.0, "max_tokens": 16}
         results: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
@@ -61,11 +61,11 @@ async def main() -> None:
             async def pair(i: int) -> None:
                 messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"task {i}"}]
                 body = {"model": model, "stream": True, "max_tokens": 16, "temperature": 0.0, "messages": messages}
-                key = await asyncio.to_thread(new_session, proxy_url, sampling_overrides=pinned)
+                key = await asyncio.to_thread(new_session, proxy_client, sampling_overrides=pinned)
                 async with sem:
                     direct, proxied = await asyncio.gather(
                         timed_stream(client, engine_url, None, {**body, **CAPTURE}),
-                        timed_stream(client, proxy_url, key, {**body, "model": "local-model"}),
+                        timed_stream(client, proxy_client.url, key, {**body, "model": "local-model"}),
                     )
                 if i >= args.concurrency:  # the first wave warms both paths up
                     results["direct"].append(direct)

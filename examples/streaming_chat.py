@@ -12,25 +12,26 @@ import tempfile
 from pathlib import Path
 
 import anthropic
-import httpx
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
-from nemo_polar.proxy.app import ProxyConfig, create_app
+from nemo_polar.proxy.app import ProxyConfig
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import read_records
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.serve import ProxyServer
 
 
 def run(engine_url: str, record_dir: Path) -> None:
-    app = create_app(ProxyConfig(engine_url=engine_url, record_dir=record_dir, model_aliases=["local-model"]))
-    with BackgroundServer(app) as server:
-        converse(server.url, record_dir)
+    with ProxyServer(
+        ProxyConfig(engine_url=engine_url, record_dir=record_dir, model_aliases=["local-model"])
+    ) as server:
+        converse(server.client(), record_dir)
 
 
-def converse(proxy: str, record_dir: Path) -> None:
-    print(f"proxy   {proxy}  (records in {record_dir})")
+def converse(proxy: ProxyClient, record_dir: Path) -> None:
+    print(f"proxy   {proxy.url}  (records in {record_dir})")
 
-    session = httpx.post(f"{proxy}/polar/sessions", json={"sampling_overrides": {"temperature": 0.0}}).json()
-    client = anthropic.Anthropic(base_url=proxy, api_key=session["api_key"], max_retries=0)
+    session_id, api_key = proxy.create_session({"sampling_overrides": {"temperature": 0.0}})
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=api_key, max_retries=0)
     messages: list[dict] = []
     for question in ("What is the capital of France? Answer in one sentence.", "And of Italy?"):
         messages.append({"role": "user", "content": question})
@@ -42,7 +43,7 @@ def converse(proxy: str, record_dir: Path) -> None:
         print()
         messages.append({"role": "assistant", "content": reply.content[0].text})
 
-    records = read_records(record_dir / f"{session['session_id']}.jsonl")
+    records = read_records(record_dir / f"{session_id}.jsonl")
     print("\nrecorded calls:")
     for rec in records:
         mean_lp = sum(rec.sampled_logprobs) / max(1, len(rec.sampled_logprobs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -30,9 +31,11 @@ def _engine_down(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    import uvicorn
+    import signal
+    import threading
 
-    from nemo_polar.proxy.app import ProxyConfig, create_app
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.serve import ProxyServer
 
     values: dict = {}
     if args.config:
@@ -44,14 +47,23 @@ def _proxy(args: argparse.Namespace) -> int:
         "default_mode": args.mode,
         "record_dir": args.record_dir,
         "model_aliases": args.model_alias,
-        "admin_token": args.admin_token,
+        "admin_token": args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN"),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "engine_url" not in values:
         raise SystemExit("polar proxy: --engine-url (or engine_url in --config) is required")
     config = ProxyConfig.model_validate(values)
-    app = create_app(config, api_key=args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    admin_port = args.admin_port or args.port + 1
+    server = ProxyServer(config, args.host, args.port, admin_port, log_level=args.log_level, api_key=args.api_key)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with server:
+        print(f"model API  {server.url}   (harnesses; the only listener a sandbox relay forwards to)", flush=True)
+        print(f"admin API  {server.admin_url}   (sessions, records, pause/resume, metrics)", flush=True)
+        if values.get("admin_token") is None:
+            print(f"admin token {server.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
+        stop.wait()
     return 0
 
 
@@ -128,7 +140,14 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         instances = select_instances(args.instances, args.instance_id, args.limit)
         scripted = args.scripted if args.scripted is not None else str(args.instances) == "bundled"
-        with serve_proxy(args.engine_url, args.output / "proxy", args.model, url=args.proxy_url) as proxy:
+        with serve_proxy(
+            args.engine_url,
+            args.output / "proxy",
+            args.model,
+            url=args.proxy_url,
+            admin_url=args.proxy_admin_url,
+            admin_token=args.proxy_admin_token or os.environ.get("POLAR_ADMIN_TOKEN"),
+        ) as proxy:
             config = PolarEnvConfig(
                 env=args.env,
                 proxy=proxy,
@@ -199,7 +218,16 @@ def _harness_install(args: argparse.Namespace) -> int:
 def _gym_root(args: argparse.Namespace) -> int:
     from nemo_polar.env.gym import gym_root
 
-    print(gym_root())
+    if not (args.wheel or args.wheel_dir):
+        print(gym_root())
+        return 0
+    from nemo_polar.env.gym.wheel import WheelError, build_wheel
+
+    try:
+        wheel = build_wheel(args.wheel_dir)
+    except WheelError as exc:
+        raise SystemExit(f"polar gym-root: {exc}") from None
+    print(wheel.parent)
     return 0
 
 
@@ -230,13 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     proxy = sub.add_parser("proxy", help="serve the token-faithful model API proxy")
     proxy.add_argument("--config", type=Path, help="YAML with ProxyConfig fields (see conf/proxy/default.yaml)")
     proxy.add_argument("--engine-url")
-    proxy.add_argument("--port", type=int, default=8100)
+    proxy.add_argument("--port", type=int, default=8100, help="the model API (what harnesses call)")
+    proxy.add_argument("--admin-port", type=int, help="the admin API (default: --port + 1)")
     proxy.add_argument("--host", default="127.0.0.1")
     proxy.add_argument("--mode", choices=["continuation", "chat", "chat_prefix"])
     proxy.add_argument("--record-dir", type=Path)
     proxy.add_argument("--model-alias", action="append", help="extra model name to accept (repeatable)")
     proxy.add_argument("--api-key", help="pre-create one session with this API key")
-    proxy.add_argument("--admin-token", help="require this bearer token on /polar/* admin routes")
+    proxy.add_argument(
+        "--admin-token", help="bearer token of the admin API (default: $POLAR_ADMIN_TOKEN, else a random one)"
+    )
     proxy.add_argument("--log-level", default="warning")
     proxy.set_defaults(func=_proxy)
     for name, helptext in (
@@ -292,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--limit", type=int, help="only the first N instances")
     gen.add_argument("--attempts", type=int, default=4, help="attempts per instance (default 4)")
     gen.add_argument("--engine-url", help="any vLLM server (e.g. a large teacher on a GPU host)")
-    gen.add_argument("--proxy-url", help="a running `polar proxy` instead of --engine-url")
+    gen.add_argument("--proxy-url", help="a running `polar proxy`'s model API instead of --engine-url")
+    gen.add_argument("--proxy-admin-url", help="that proxy's admin API (its --admin-port listener)")
+    gen.add_argument("--proxy-admin-token", help="that proxy's admin token (default: $POLAR_ADMIN_TOKEN)")
     gen.add_argument("--model", default="local-model", help="the model name the harness is told to use")
     gen.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
     gen.add_argument(
@@ -334,7 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--max-tokens", type=int, default=4000, help="tokens rendered per trace (default 4000)")
     view.set_defaults(func=_view)
 
-    gym = sub.add_parser("gym-root", help="print the NeMo Gym root to export as NEMO_GYM_EXTRA_ROOTS")
+    gym = sub.add_parser(
+        "gym-root",
+        help="print the NeMo Gym root to export as NEMO_GYM_EXTRA_ROOTS",
+        description="Print the NeMo Gym root (export it as NEMO_GYM_EXTRA_ROOTS). With --wheel: build nemo_polar's "
+        "wheel from this checkout and print its directory instead, for UV_FIND_LINKS: the agent's requirements.txt "
+        "installs nemo-polar by name into the venv Gym builds (examples/nemo_rl/README.md).",
+    )
+    gym.add_argument("--wheel", action="store_true", help="build the wheel into $POLAR_CACHE/dist, print that dir")
+    gym.add_argument("--wheel-dir", type=Path, metavar="DIR", help="build the wheel into DIR instead (implies --wheel)")
     gym.set_defaults(func=_gym_root)
 
     harness = sub.add_parser("harness", help="the pinned coding CLIs")

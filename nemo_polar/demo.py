@@ -28,6 +28,7 @@ from rich.table import Table
 from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.gym import ENVIRONMENTS
 from nemo_polar.env.rollout import serve_proxy
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.rewards.instance import SWEInstance, bundled_instances
 
@@ -99,13 +100,11 @@ def summarise(env: PolarEnv, group: Group, wall_s: float) -> DemoRow:
     )
 
 
-async def run_all(proxy_url: str, out: Path, instances: dict[str, SWEInstance]) -> list[DemoRow]:
-    from nemo_polar.env.session import ProxyClient
-
+async def run_all(proxy: ProxyClient, out: Path, instances: dict[str, SWEInstance]) -> list[DemoRow]:
     async def one(name: str) -> DemoRow:
         config = PolarEnvConfig(
             env=name,
-            proxy=ProxyClient(url=proxy_url),
+            proxy=proxy,
             state_dir=out / name,
             scripted=True,
             gateway={"run_slots": 1, "init_workers": 1, "post_workers": 1},
@@ -154,7 +153,7 @@ def main() -> int:
     )
     with engine(console) as url, serve_proxy(url, out / "proxy", "local-model") as proxy:
         console.print(f"proxy   {proxy.url}  (records in {out / 'proxy'})")
-        rows = asyncio.run(run_all(proxy.url, out, instances))
+        rows = asyncio.run(run_all(proxy, out, instances))
         tokenizer = model_dir(url)
     console.print(table(rows))
     from nemo_polar.view.report import write_report

@@ -1,9 +1,30 @@
-"""Where the project keeps its cache (engine virtualenv, models) and run state."""
+"""Where the project keeps its cache (engine virtualenv, models) and run state, and where its data files are."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+# Package data, so a non-editable install has them too. In a checkout, data/conf and data/swe_tasks are symlinks to
+# the top-level conf/ and examples/tasks/swe/, the copies users see and edit (resolved, so paths name those); the
+# wheel carries the files themselves.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def conf_dir() -> Path:
+    """The Hydra configs ``polar rollout`` composes (``conf/`` in a checkout)."""
+    return (DATA_DIR / "conf").resolve()
+
+
+def bundled_tasks_dir() -> Path:
+    """The bundled SWE-style tasks (``examples/tasks/swe/`` in a checkout)."""
+    return (DATA_DIR / "swe_tasks").resolve()
+
+
+def source_dir() -> Path | None:
+    """The checkout nemo_polar runs from (an editable install), or None when it is installed from a wheel."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "nemo_polar" / "data").is_dir() else None
 
 
 def cache_dir() -> Path:
@@ -14,3 +35,8 @@ def run_dir() -> Path:
     path = cache_dir() / "run"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def dist_dir() -> Path:
+    """Where ``polar gym-root --wheel`` builds nemo_polar's wheel: the find-links directory for Gym's venv builds."""
+    return cache_dir() / "dist"

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
-from nemo_polar.proxy.app import ProxyConfig, create_app
-from nemo_polar.proxy.serve import BackgroundServer as Server
+from nemo_polar.proxy.app import ProxyApps, ProxyConfig
+from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.serve import ProxyServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness_requests"
 
@@ -54,17 +54,30 @@ def smollm2_url() -> Iterator[str]:
 
 @dataclass
 class ProxyHandle:
+    """A proxy served over real HTTP: ``url`` is its model API, ``admin_url`` its admin API (token required)."""
+
     url: str
+    admin_url: str
+    admin_token: str
     record_dir: Path
-    app: FastAPI
+    apps: ProxyApps
+
+    def client(self) -> ProxyClient:
+        return ProxyClient(url=self.url, admin_url=self.admin_url, admin_token=self.admin_token)
+
+    def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """An admin API call with the admin token."""
+        kw.setdefault("timeout", 10)
+        headers = {"authorization": f"Bearer {self.admin_token}", **kw.pop("headers", {})}
+        return httpx.request(method, f"{self.admin_url}{path}", headers=headers, **kw)
 
     def session(self, **config: Any) -> dict[str, str]:
-        resp = httpx.post(f"{self.url}/polar/sessions", json=config, timeout=10)
+        resp = self.admin("POST", "/polar/sessions", json=config)
         resp.raise_for_status()
         return resp.json()
 
     def records(self, session_id: str) -> list[dict[str, Any]]:
-        resp = httpx.get(f"{self.url}/polar/sessions/{session_id}/records", timeout=10)
+        resp = self.admin("GET", f"/polar/sessions/{session_id}/records")
         resp.raise_for_status()
         return resp.json()
 
@@ -75,9 +88,8 @@ class ProxyHandle:
 
 def make_proxy(engine: str, tmp: Path, **config: Any) -> Iterator[ProxyHandle]:
     cfg = ProxyConfig(engine_url=engine, record_dir=tmp, model_aliases=["local-model"], **config)
-    app = create_app(cfg)
-    with Server(app) as server:
-        yield ProxyHandle(server.url, tmp, app)
+    with ProxyServer(cfg) as server:
+        yield ProxyHandle(server.url, server.admin_url, server.admin_token, tmp, server.apps)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tests.conftest import ProxyHandle, Server, free_port, make_proxy
+from nemo_polar.proxy.serve import BackgroundServer as Server
+from tests.conftest import ProxyHandle, free_port, make_proxy
 
 CHAT = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -98,14 +99,14 @@ def test_bad_request_is_rejected_and_recorded(proxy: ProxyHandle, case: str) -> 
 
 
 def test_unknown_key_is_401_and_creates_nothing(proxy: ProxyHandle) -> None:
-    before = len(proxy.app.state.proxy.sessions)
+    before = len(proxy.apps.proxy.sessions)
     for path, body in (("/v1/chat/completions", CHAT), ("/v1/responses", {"model": "local-model", "input": "x"})):
         resp = post(proxy, "sk-unknown", path, body)
         assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
     resp = httpx.post(f"{proxy.url}/v1/messages", headers={"x-api-key": "nope"}, json={}, timeout=10)
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
     assert post(proxy, None, "/v1/chat/completions", CHAT).status_code == 401
-    assert len(proxy.app.state.proxy.sessions) == before
+    assert len(proxy.apps.proxy.sessions) == before
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=proxy.url, api_key="nope", max_retries=0).messages.create(
             model="local-model", max_tokens=4, messages=[{"role": "user", "content": "x"}]
@@ -115,7 +116,7 @@ def test_unknown_key_is_401_and_creates_nothing(proxy: ProxyHandle) -> None:
 def test_closed_session_rejects_calls(proxy: ProxyHandle) -> None:
     session = proxy.session()
     assert post(proxy, session["api_key"], "/v1/chat/completions", CHAT).status_code == 200
-    closed = httpx.delete(f"{proxy.url}/polar/sessions/{session['session_id']}", timeout=10).json()
+    closed = proxy.admin("DELETE", f"/polar/sessions/{session['session_id']}", timeout=10).json()
     assert closed == {"session_id": session["session_id"], "closed": True, "records": 1}
     assert post(proxy, session["api_key"], "/v1/chat/completions", CHAT).status_code == 401
     assert len(proxy.records(session["session_id"])) == 1  # records stay readable

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -29,10 +29,12 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
         str(port),
         "--record-dir",
         str(tmp_path),
+        "--admin-port",
+        str(admin_port),
         "--api-key",
         "sk-cli",
     ]
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 60, proc)
@@ -45,6 +47,19 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
         assert resp.status_code == 200, resp.text  # `local-model` comes from the config's model_aliases
         [records] = list(tmp_path.glob("*.jsonl"))  # --record-dir overrides the config's record_dir
         assert '"complete":true' in records.read_text()
+        # The admin API listens on --admin-port behind the random token the proxy printed (the config has none).
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert lines[1].startswith(f"admin API  http://127.0.0.1:{admin_port}")
+        token = lines[2].split()[2]
+        admin = f"http://127.0.0.1:{admin_port}/health"
+        assert httpx.get(admin, timeout=10).status_code == 401
+        state = httpx.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).json()
+        assert state["sessions"] == 1 and state["paused"] is False  # the --api-key session
+        assert (
+            httpx.get(f"{url}/polar/sessions/x/records", headers={"authorization": f"Bearer {token}"}).status_code
+            == 404
+        )
     finally:
         stop_group(proc.pid, 10)
         proc.wait()

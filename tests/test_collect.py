@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import httpx
 import pytest
 
 from nemo_polar.cli import main
 from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.env.generate import generate
 from nemo_polar.env.rollout import compose
-from nemo_polar.env.session import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.instance import SWEInstance
 from tests.conftest import ProxyHandle
@@ -33,12 +31,12 @@ UNSOLVED = SOLVED.model_copy(
 
 
 def sessions_made(proxy: ProxyHandle) -> int:
-    return httpx.get(f"{proxy.url}/health").json()["sessions"]
+    return proxy.admin("GET", "/health").json()["sessions"]
 
 
 def env_config(proxy: ProxyHandle, state_dir: Path, **kw: Any) -> PolarEnvConfig:
     fields: dict[str, Any] = {"env": "polar_pi", "scripted": True, "gateway": {"run_slots": 2, "init_workers": 2}}
-    return PolarEnvConfig(proxy=ProxyClient(url=proxy.url), state_dir=state_dir, **{**fields, **kw})
+    return PolarEnvConfig(proxy=proxy.client(), state_dir=state_dir, **{**fields, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +86,7 @@ def test_bad_collect_input_is_refused(proxy: ProxyHandle, tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"unknown Polar env 'polar_nope'.*polar_pi"):
         env_config(proxy, tmp_path, env="polar_nope")
     with pytest.raises(ValueError, match="run_slots"):
-        PolarEnvConfig(env="polar_pi", proxy=ProxyClient(url=proxy.url), state_dir=tmp_path, gateway={"run_slots": 0})
+        PolarEnvConfig(env="polar_pi", proxy=proxy.client(), state_dir=tmp_path, gateway={"run_slots": 0})
     env = PolarEnv(env_config(proxy, tmp_path))
     with pytest.raises(ValueError, match="n_samples must be at least 1"):
         env.collect([SOLVED], n_samples=0)
@@ -112,6 +110,8 @@ def test_polar_rollout_runs_a_dataset(proxy: ProxyHandle, engine_url: str, tmp_p
         f"dataset.instance_ids=[{SOLVED.instance_id}]",
         "n_samples=1",
         f"proxy.url={proxy.url}",
+        f"proxy.admin_url={proxy.admin_url}",
+        f"proxy.admin_token={proxy.admin_token}",
         f"engine.url={engine_url}",
         f"out={tmp_path}",
     ]
@@ -124,9 +124,13 @@ def test_polar_rollout_runs_a_dataset(proxy: ProxyHandle, engine_url: str, tmp_p
     traces = [json.loads(x) for x in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == summary["traces"] >= 1 and all(t["reward"] == 1.0 for t in traces)
     with pytest.raises(SystemExit, match="unknown instance ids"):
-        main(["rollout", "dataset=bundled", "dataset.instance_ids=[nope]", f"proxy.url={proxy.url}"])
+        main(["rollout", "dataset=bundled", "dataset.instance_ids=[nope]", *proxy_args(proxy)])
     with pytest.raises(SystemExit, match="give a task file"):
-        main(["rollout", f"proxy.url={proxy.url}", f"engine.url={engine_url}"])
+        main(["rollout", *proxy_args(proxy), f"engine.url={engine_url}"])
+
+
+def proxy_args(proxy: ProxyHandle) -> list[str]:
+    return [f"proxy.url={proxy.url}", f"proxy.admin_url={proxy.admin_url}", f"proxy.admin_token={proxy.admin_token}"]
 
 
 # -- polar generate -----------------------------------------------------------------------------------------------
@@ -138,7 +142,8 @@ def write_instances(path: Path, instances: list[SWEInstance]) -> Path:
 def test_generate_keeps_only_resolved_sessions(proxy: ProxyHandle, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     instances = write_instances(tmp_path / "instances.jsonl", [SOLVED, UNSOLVED])
     out = tmp_path / "out"
-    argv = ["generate", "--instances", str(instances), "--attempts", "1", "--proxy-url", proxy.url, "-o", str(out)]
+    argv = ["generate", "--instances", str(instances), "--attempts", "1", "-o", str(out), "--proxy-url", proxy.url]
+    argv += ["--proxy-admin-url", proxy.admin_url, "--proxy-admin-token", proxy.admin_token]
     assert main([*argv, "--scripted"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert (stats["attempted"], stats["accepted"], stats["rejected"], stats["masked"]) == (2, 1, 1, 0)
@@ -197,5 +202,19 @@ def test_generate_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"not reachable.*polar engine up"):
         main(["generate", "--instances", "bundled", "--engine-url", "http://127.0.0.1:9", "-o", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="unknown Polar env"):
-        main(["generate", "--env", "nope", "--instances", "bundled", "--proxy-url", "http://x", "-o", str(tmp_path)])
+        main(
+            [
+                "generate",
+                "--env",
+                "nope",
+                "--instances",
+                "bundled",
+                "--proxy-url",
+                "http://x",
+                "--proxy-admin-url",
+                "http://y",
+                "-o",
+                str(tmp_path),
+            ]
+        )
     assert not (tmp_path / "o" / "sessions").exists()

@@ -267,7 +267,7 @@ async def test_chat_prefix_sends_nemo_rl_prefix(proxy: ProxyHandle) -> None:
     from nemo_polar.proxy.records import CallRecord
     from nemo_polar.proxy.sessions import SessionConfig
 
-    app_proxy = proxy.app.state.proxy
+    app_proxy = proxy.apps.proxy
     session = app_proxy.sessions.create(SessionConfig(mode="chat_prefix"))
     first = chat.parse({"model": "local-model", "messages": [{"role": "user", "content": "hi"}]})
     rec = CallRecord(

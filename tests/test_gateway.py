@@ -5,15 +5,17 @@ real grader, bwrap."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request, Response
 
+from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
-from nemo_polar.env.session import ProxyClient
 from nemo_polar.proxy.serve import BackgroundServer
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
@@ -35,7 +37,7 @@ def hanging(i: int, **kw: object) -> SessionRequest:
 
 
 def gateway(proxy: ProxyHandle, tmp: Path, **kw: object) -> Gateway:
-    return Gateway(GatewayConfig(state_dir=tmp / "state", **kw), ProxyClient(url=proxy.url))  # type: ignore[arg-type]
+    return Gateway(GatewayConfig(state_dir=tmp / "state", **kw), proxy.client())  # type: ignore[arg-type]
 
 
 def test_stages_overlap_and_results_are_rewarded(proxy: ProxyHandle, tmp_path: Path) -> None:
@@ -173,3 +175,81 @@ def test_a_broken_instance_fails_in_init_without_a_trainable_result(proxy: Proxy
 
     outcome = asyncio.run(scenario())
     assert outcome.status == "failed" and outcome.mask_sample and "does not exist" in (outcome.reason or "")
+
+
+def light(rid: str, group: str, needed: int | None = None) -> SessionRequest:
+    """A chat-loop session: one real call through a real proxy session, an instant grade."""
+    options = {"turns": 1, "max_tokens": 4}
+    return SessionRequest(
+        request_id=rid, harness="chat_loop", instance=INSTANCES[0], harness_options=options, group_id=group,
+        group_needed=needed,
+    )  # fmt: skip
+
+
+def scanned_depths(gw: Gateway) -> dict[str, int]:
+    """Stage depths counted the slow way, over every held job."""
+    stages = [j.stage for j in gw.jobs.values() if not j.done.done()]
+    return {s: stages.count(s) for s in ("queued", "init", "ready", "run", "postrun")}
+
+
+def test_finished_jobs_leave_memory_and_answer_from_disk(proxy: ProxyHandle, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        config = GatewayConfig(state_dir=tmp_path / "state", run_slots=2, ready_buffer=1, results_buffer=3)
+        async with ChatLoopGateway(config, proxy.client()) as gw:
+            futures = [await gw.submit(light(f"a{i}", "g", needed=4)) for i in range(4)]
+            futures += [await gw.submit(light(f"b{i}", "h")) for i in range(2)]
+            job = weakref.ref(gw.jobs["a0"])
+            while not all(f.done() for f in futures):
+                assert gw.depths() == scanned_depths(gw)  # kept on every stage change, exact at all times
+                await asyncio.sleep(0.005)
+            outcomes = [f.result() for f in futures]
+            assert [o.status for o in outcomes] == ["published"] * 6 and not any(o.mask_sample for o in outcomes)
+            assert gw.jobs == {} and gw.depths() == dict.fromkeys(scanned_depths(gw), 0)
+            assert gw._groups == {} and gw._group_jobs == {}  # no group has a live job left
+            assert gw.results.qsize() == 3  # the newest results; all six are in their futures and on disk
+            gc.collect()
+            assert job() is None  # nothing holds a finished job (its session, records, evaluator)
+
+            again = await gw.submit(light("a0", "g", needed=4))  # answered from outcome.json, not run again
+            assert again.done() and again.result().model_dump() == outcomes[0].model_dump()
+            assert gw.jobs == {} and not gw.cancel("a0")
+            assert sum(1 for _ in (tmp_path / "state").glob("*/outcome.json")) == 6
+
+    asyncio.run(scenario())
+
+
+def test_a_group_is_dropped_once_it_has_no_live_job(proxy: ProxyHandle, tmp_path: Path) -> None:
+    async def scenario() -> list[SessionOutcome]:
+        config = GatewayConfig(state_dir=tmp_path / "state", init_workers=1, run_slots=1, ready_buffer=1)
+        async with ChatLoopGateway(config, proxy.client()) as gw:
+            futures = [await gw.submit(light(f"s{i}", "g", needed=1)) for i in range(3)]
+            outcomes = list(await asyncio.gather(*futures))
+            assert gw._groups == {} and gw._group_jobs == {} and gw.jobs == {}
+            # A later request with the same group id starts a fresh count instead of being stopped at once.
+            outcomes.append(await (await gw.submit(light("s3", "g", needed=1))))
+            assert gw._groups == {} and gw._group_jobs == {}
+            return outcomes
+
+    outcomes = asyncio.run(scenario())
+    # The first trainable result (almost always s0's) completes the group and stops the other two.
+    assert sorted(o.status for o in outcomes[:3]) == ["cancelled", "cancelled", "published"]
+    assert outcomes[3].status == "published"
+
+
+def test_a_reconstruction_failure_is_masked_and_the_worker_lives_on(proxy: ProxyHandle, tmp_path: Path) -> None:
+    class Broken(ChatLoopGateway):
+        def _with_traces(self, outcome, session, grade):  # type: ignore[no-untyped-def]
+            if outcome.request_id == "bad":
+                raise ValueError("no trace")
+            return super()._with_traces(outcome, session, grade)
+
+    async def scenario() -> list[SessionOutcome]:
+        config = GatewayConfig(state_dir=tmp_path / "state", post_workers=1)
+        async with Broken(config, proxy.client()) as gw:
+            bad = await gw.submit(light("bad", "g"))
+            good = await gw.submit(light("good", "h"))  # the one POSTRUN worker must still be there for it
+            return [await asyncio.wait_for(bad, 120), await asyncio.wait_for(good, 120)]
+
+    bad, good = asyncio.run(scenario())
+    assert bad.status == "published" and bad.mask_sample and "reconstruction failed" in (bad.reason or "")
+    assert good.status == "published" and not good.mask_sample and good.output

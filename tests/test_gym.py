@@ -53,9 +53,16 @@ def row_for(env: str, instance_id: str) -> dict[str, Any]:
 
 
 def nemo_rl_sample(result: dict[str, Any], mask_flagged_samples: bool = True) -> dict[str, Any]:
-    """NeMo-RL's post-processing of one Gym ``/run`` result (``_postprocess_nemo_gym_to_nemo_rl_result`` and the
-    reward handling around it), restated: token-bearing items with a non-empty generation are walked in order,
-    each prompt must extend everything seen so far, and each becomes a (context delta, generation) pair."""
+    """NeMo-RL's post-processing of one Gym ``/run`` result, restated from NVIDIA-NeMo/RL main at 7ea279ab:
+    ``nemo_rl/environments/nemo_gym.py::NemoGym._postprocess_nemo_gym_to_nemo_rl_result`` walks the output items
+    with a non-empty ``generation_token_ids`` in order, asserts each prompt extends everything seen so far
+    ("Non-contiguous messages found!"), makes each a (context delta, generation) pair, and raises "NeMo Gym returned
+    a result with no generation data" when none has tokens; the whole result becomes ``full_result``.
+    ``extract_reward_components``/``validate_reward_components_match_scalar`` (same file) check optional
+    ``reward_components`` against the scalar reward. The mask is ``full_result["instance_config"]["mask_sample"]``
+    (``nemo_rl/experience/rollouts.py::_extract_mask_sample_flags``; ``rollout_manager.py::_result_to_completion``
+    pops it when ``mask_env_flagged_samples`` is off), which ``grpo.py::_apply_mask_sample_filter`` turns into a
+    zero ``loss_multiplier``. A top-level ``mask_sample`` is not read."""
     seen: list[int] = []
     message_log: list[dict[str, Any]] = []
     for item in result["response"]["output"]:
@@ -77,7 +84,7 @@ def nemo_rl_sample(result: dict[str, Any], mask_flagged_samples: bool = True) ->
     reward = float(result["reward"])
     if result.get("reward_components"):
         assert math.isclose(reward, sum(result["reward_components"].values()), rel_tol=1e-5, abs_tol=1e-6)
-    masked = mask_flagged_samples and bool(result.get("mask_sample", False))
+    masked = mask_flagged_samples and bool((result.get("instance_config") or {}).get("mask_sample", False))
     return {"message_log": message_log, "reward": reward, "loss_multiplier": 0.0 if masked else 1.0}
 
 
@@ -93,6 +100,8 @@ def test_the_restated_nemo_rl_check_rejects_what_nemo_rl_rejects() -> None:
         nemo_rl_sample({"reward": 0.0, "mask_sample": True, "response": {"output": [item([1], [])]}})
     with pytest.raises(AssertionError):
         nemo_rl_sample({**ok, "reward_components": {"a": 0.5, "b": 0.25}})
+    assert nemo_rl_sample({**ok, "mask_sample": True})["loss_multiplier"] == 1.0  # top level: NeMo-RL never looks
+    assert nemo_rl_sample({**ok, "instance_config": {"mask_sample": True}})["loss_multiplier"] == 0.0
 
 
 # -- discovery and configs, through nemo-gym's own code ---------------------------------------------------------------
@@ -248,11 +257,11 @@ def test_responses_route_explains_the_agent_only_runs(agent_client: TestClient) 
 
 def test_bad_agent_configs_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown Polar env 'polar_nope'"):
-        make_agent("polar_nope", proxy_url="http://127.0.0.1:1")
+        make_agent("polar_nope", proxy_url="http://127.0.0.1:1", proxy_admin_url="http://127.0.0.1:2")
     with pytest.raises(ValueError, match=r"proxy_url .* or openai_base_url"):
         make_agent()
     with pytest.raises(ValueError, match="unknown harness 'vim'"):
-        make_agent(harness="vim", proxy_url="http://127.0.0.1:1")
+        make_agent(harness="vim", proxy_url="http://127.0.0.1:1", proxy_admin_url="http://127.0.0.1:2")
 
 
 # -- masked samples -----------------------------------------------------------------------------------------------
@@ -264,7 +273,12 @@ def test_an_episode_that_raises_is_a_masked_sample_not_a_500(tmp_path: Path) -> 
         raise RuntimeError("sandbox runtime unavailable")
 
     agent = make_agent(
-        "polar_codex", proxy_url="http://127.0.0.1:1", work_dir=tmp_path, runtime="local", staging="direct"
+        "polar_codex",
+        proxy_url="http://127.0.0.1:1",
+        proxy_admin_url="http://127.0.0.1:2",
+        work_dir=tmp_path,
+        runtime="local",
+        staging="direct",
     )
     agent.episode_runner = broken_runner
     resp = TestClient(agent.setup_webserver()).post("/run", json=row_for("polar_codex", "polar__lrucache-1"))
@@ -304,7 +318,15 @@ def records_proxy(engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:
 
 
 def _run(proxy: ProxyHandle, env: str, row: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    agent = make_agent(env, proxy_url=proxy.url, work_dir=tmp_path / "sessions", scripted=True, timeout=300)
+    agent = make_agent(
+        env,
+        proxy_url=proxy.url,
+        proxy_admin_url=proxy.admin_url,
+        proxy_admin_token=proxy.admin_token,
+        work_dir=tmp_path / "sessions",
+        scripted=True,
+        timeout=300,
+    )
     with TestClient(agent.setup_webserver()) as client:  # the lifespan closes the agent's gateway and proxies
         resp = client.post("/run", json=row)
     assert resp.status_code == 200, resp.text
@@ -374,12 +396,21 @@ def test_concurrent_runs_share_one_gateway_and_overlap_stages(records_proxy: Pro
     """Two /run calls on one agent with one run slot: the second is prepared while the first runs, the first is
     graded while the second runs, and both are rewarded."""
     agent = make_agent(
-        "polar_pi", proxy_url=records_proxy.url, work_dir=tmp_path, scripted=True, timeout=300, concurrency=1
+        "polar_pi",
+        proxy_url=records_proxy.url,
+        proxy_admin_url=records_proxy.admin_url,
+        proxy_admin_token=records_proxy.admin_token,
+        work_dir=tmp_path,
+        scripted=True,
+        timeout=300,
+        concurrency=1,
     )
     rows = [row_for("polar_pi", "polar__textstats-1"), row_for("polar_pi", "polar__intervals-1")]
     with TestClient(agent.setup_webserver()) as client, ThreadPoolExecutor(2) as pool:
         first, second = (r.json() for r in pool.map(lambda row: client.post("/run", json=row), rows))
-        assert len(agent._gateway_host.gateway.jobs) == 2  # type: ignore[union-attr]
+        gateway = agent._gateway_host.gateway  # type: ignore[union-attr]
+        # One gateway ran both; finished jobs leave its memory, their outcomes stay in its state_dir.
+        assert len(list(gateway.config.state_dir.glob("*/outcome.json"))) == 2 and gateway.jobs == {}
     assert agent._gateway_host is None  # closed with the server
     assert (first["reward"], second["reward"], first["mask_sample"], second["mask_sample"]) == (1.0, 1.0, False, False)
     a, b = sorted((first["stage_times"], second["stage_times"]), key=lambda t: t["run"])
@@ -387,14 +418,14 @@ def test_concurrent_runs_share_one_gateway_and_overlap_stages(records_proxy: Pro
     assert b["run"] < a["done"]  # the earlier POSTRUN overlapped the later RUN
 
 
-def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: Path) -> None:
-    """The gateway's INIT fails (the row's base commit is not in its repository): a masked sample, never a 500."""
+def unpreparable_row(tmp_path: Path) -> dict[str, Any]:
+    """A row whose base commit is not in its repository: the gateway's INIT fails before any model call."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.py").write_text("x = 1\n")
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
-    row = {
+    return {
         "responses_create_params": {"input": "fix it"},
         "instance_id": "x__y-1",
         "repo": "x/y",
@@ -404,6 +435,11 @@ def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: P
         "FAIL_TO_PASS": '["t::a"]',
         "script": [{"kind": "final", "text": "done"}],
     }
+
+
+def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: Path) -> None:
+    """INIT fails: a masked sample, never a 500. With no engine reachable there is no generation data to send."""
+    row = unpreparable_row(tmp_path)
     agent = make_agent("polar_pi", openai_base_url=UNREACHABLE_ENGINE, work_dir=tmp_path / "s", scripted=True)
     with TestClient(agent.setup_webserver()) as client:
         resp = client.post("/run", json=row)
@@ -412,3 +448,53 @@ def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: P
     assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:episode_error")
     assert result["failure_reason"].startswith("init failed") and "0000000" in result["failure_reason"]
     assert result["response"]["output"] == [] and "run" not in result["stage_times"]
+    assert result["instance_config"] == {
+        "mask_sample": True,
+        "failure_kind": "polar:episode_error",
+        "failure_reason": result["failure_reason"],
+    }
+
+
+@pytest.mark.engine
+def test_a_batch_with_a_masked_row_goes_through_nemo_rls_post_processing(engine_url: str, tmp_path: Path) -> None:
+    """Three rewarded rows and one whose INIT fails, on the agent's own in-process proxy in front of the real engine:
+    the masked row still carries a token-bearing item the engine really produced (one minimal call for its prompt,
+    as no call was made), so NeMo-RL masks it instead of raising and ending the batch."""
+    agent = make_agent("polar_pi", openai_base_url=engine_url, work_dir=tmp_path / "s", scripted=True, concurrency=3)
+    good = [row_for("polar_pi", i) for i in ("polar__textstats-1", "polar__intervals-1", "polar__money-1")]
+    rows = [unpreparable_row(tmp_path), *good]
+    with TestClient(agent.setup_webserver()) as client, ThreadPoolExecutor(4) as pool:
+        results = [r.json() for r in pool.map(lambda row: client.post("/run", json=row), rows)]
+    samples = [nemo_rl_sample(r) for r in results]  # raises on a result without generation data
+    assert [s["loss_multiplier"] for s in samples] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["reward"] for r in results] == [0.0, 1.0, 1.0, 1.0]
+    masked = results[0]
+    assert masked["instance_config"]["mask_sample"] and masked["mask_sample"]
+    assert masked["failure_kind"] == "polar:episode_error" and masked["failure_reason"].startswith("init failed")
+    [item] = [i for i in masked["response"]["output"] if i.get("generation_token_ids")]
+    assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) == 1
+    assert item["prompt_token_ids"]  # the row's prompt as the engine saw it
+    assert all(not r["instance_config"]["mask_sample"] for r in results[1:])
+
+
+@pytest.mark.engine
+def test_the_gateways_own_mask_reaches_the_result(
+    records_proxy: ProxyHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mask only the gateway decides (here its cross_version policy, as if a weight update fell inside the
+    session) is the result's mask too, though the session, the grade and the main chain are all fine."""
+    from nemo_polar.env.gateway import Gateway
+
+    with_traces = Gateway._with_traces
+
+    def spanning(self, outcome, session, grade):  # type: ignore[no-untyped-def]
+        outcome = with_traces(self, outcome, session, grade)
+        outcome.mask_sample, outcome.reason = True, "calls span policy versions [1, 2]"
+        return outcome
+
+    monkeypatch.setattr(Gateway, "_with_traces", spanning)
+    result = _run(records_proxy, "polar_pi", row_for("polar_pi", "polar__textstats-1"), tmp_path)
+    assert result["grade_status"] == "resolved" and result["response"]["output"]
+    assert result["instance_config"]["mask_sample"] and result["failure_kind"] == "polar:gateway_mask"
+    assert result["failure_reason"] == "calls span policy versions [1, 2]"
+    assert nemo_rl_sample(result)["loss_multiplier"] == 0.0

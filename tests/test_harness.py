@@ -16,8 +16,9 @@ import pytest
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import SandboxSpec, get_runtime
 from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
-from nemo_polar.env.session import ProxyClient, SessionResult, run_session
+from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.env.workspace import Task
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.export import sft_rows
@@ -55,7 +56,7 @@ def run(proxy: ProxyHandle, harness: str, tmp_path: Path, runtime: str = "bwrap"
         get_harness(harness),
         task(),
         get_runtime(runtime),
-        ProxyClient(url=proxy.url),
+        proxy.client(),
         tmp_path / "session",
         script=kw.pop("script", SCRIPT),  # type: ignore[arg-type]
         timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
@@ -191,7 +192,7 @@ def test_crash_is_a_harness_error(proxy: ProxyHandle, tmp_path: Path) -> None:
             return launch
 
     result = run_session(
-        Broken(), task(), get_runtime("bwrap"), ProxyClient(url=proxy.url), tmp_path / "s", script=SCRIPT, timeout=120
+        Broken(), task(), get_runtime("bwrap"), proxy.client(), tmp_path / "s", script=SCRIPT, timeout=120
     )
     assert result.status == "harness_error"
     assert result.exit_code not in (0, None)
@@ -203,7 +204,7 @@ def test_unreachable_proxy_fails_fast(tmp_path: Path) -> None:
     """Codex would retry forever; the sandbox init checks the route first."""
     from nemo_polar.engine.launcher import free_port
 
-    dead = ProxyClient(url=f"http://127.0.0.1:{free_port()}")
+    dead = ProxyClient(url=f"http://127.0.0.1:{free_port()}", admin_url=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ConnectionError, match="unreachable"):
         run_session(get_harness("codex"), task(), get_runtime("bwrap"), dead, tmp_path / "s", timeout=60)
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nemo_polar.env.chat_loop import ChatLoopGateway, InstantGrade
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest, _Job
 from nemo_polar.env.gateway_metrics import reason_kind
-from nemo_polar.env.session import ProxyClient, SessionResult
+from nemo_polar.env.session import SessionResult
 from nemo_polar.proxy.metrics import failure_reason
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.grader import GradeResult
@@ -44,8 +44,8 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def scrape(url: str, **headers: str) -> Samples:
-    resp = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+def scrape(proxy: ProxyHandle) -> Samples:
+    resp = proxy.admin("GET", "/metrics")
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"].startswith("text/plain")
     return parse(resp.text)
@@ -78,7 +78,7 @@ def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) ->
         bad_key.chat.completions.create(model="local-model", messages=history)
     wall = time.monotonic() - t0
 
-    m = scrape(proxy.url)
+    m = scrape(proxy)
     records = proxy.records(session["session_id"])
     assert len(records) == 5  # four complete, one 404 (the bad key created nothing)
     done = {"api": "chat", "mode": "continuation", "outcome": "completed"}
@@ -116,12 +116,12 @@ def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) ->
     assert value(m, "polar_sessions") == 1
     assert math.isnan(value(m, "polar_policy_version"))
 
-    assert httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 5}).json()["drained"]
-    paused = scrape(proxy.url)
+    assert proxy.admin("POST", "/polar/pause", json={"timeout_s": 5}).json()["drained"]
+    paused = scrape(proxy)
     assert value(paused, "polar_paused") == 1
     assert value(paused, "polar_engine_busy_seconds_total") == busy  # nothing in flight: busy time stands still
-    httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 7}).raise_for_status()
-    resumed = scrape(proxy.url)
+    proxy.admin("POST", "/polar/resume", json={"policy_version": 7}).raise_for_status()
+    resumed = scrape(proxy)
     assert value(resumed, "polar_paused") == 0 and value(resumed, "polar_policy_version") == 7
 
 
@@ -137,7 +137,7 @@ def test_a_client_that_leaves_mid_stream_is_counted_as_disconnected(fresh: tuple
         next(line for line in resp.iter_lines() if _delta_text(line))  # generating: now hang up
     deadline = time.monotonic() + 30
     labels = {"api": "chat", "status": "499", "reason": "client_disconnected"}
-    while value(m := scrape(proxy.url), "polar_call_failures_total", **labels) != 1:
+    while value(m := scrape(proxy), "polar_call_failures_total", **labels) != 1:
         assert time.monotonic() < deadline, "the abandoned stream was never counted"
         time.sleep(0.1)
     assert value(m, "polar_calls_total", api="chat", mode="continuation", outcome="failed") == 1
@@ -151,16 +151,16 @@ def _delta_text(line: str) -> str:
     return "".join(c.get("delta", {}).get("content") or "" for c in json.loads(line[6:]).get("choices", []))
 
 
-def test_metrics_require_the_admin_token_when_there_is_one(tmp_path: Path) -> None:
+def test_metrics_are_on_the_admin_listener_behind_its_token(tmp_path: Path) -> None:
     # /metrics never touches the engine: an unreachable engine URL is enough here
-    for proxy in make_proxy("http://127.0.0.1:9", tmp_path, admin_token="s3cret"):
-        assert httpx.get(f"{proxy.url}/metrics").status_code == 401
-        assert httpx.get(f"{proxy.url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
-        m = scrape(proxy.url, authorization="Bearer s3cret")
+    for proxy in make_proxy("http://127.0.0.1:9", tmp_path, admin_token="s3cret-token"):
+        assert httpx.get(f"{proxy.admin_url}/metrics").status_code == 401
+        assert httpx.get(f"{proxy.admin_url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+        m = scrape(proxy)
         assert value(m, "polar_sessions") == 0 and value(m, "polar_engine_busy_seconds_total") == 0
-        assert httpx.get(f"{proxy.url}/health").status_code == 200  # health stays open
-    for proxy in make_proxy("http://127.0.0.1:9", tmp_path / "open"):
-        assert ("polar_in_flight", ()) in scrape(proxy.url)  # no admin token: no session key needed either
+        # The model listener, the one sandboxes reach, serves no metrics with or without the token.
+        for headers in ({}, {"authorization": "Bearer s3cret-token"}):
+            assert httpx.get(f"{proxy.url}/metrics", headers=headers).status_code == 404
 
 
 def test_failure_reason_labels() -> None:
@@ -217,7 +217,7 @@ def test_gateway_metrics_over_real_sessions(fresh: tuple[ProxyHandle, float], tm
         config = GatewayConfig(
             state_dir=tmp_path / "state", init_workers=1, run_slots=1, post_workers=1, ready_buffer=1
         )
-        gw = LightGateway(config, ProxyClient(url=proxy.url))
+        gw = LightGateway(config, proxy.client())
         gw.gate = threading.Event()
         async with gw:
             futures = [
@@ -263,7 +263,7 @@ def test_gateway_metrics_over_real_sessions(fresh: tuple[ProxyHandle, float], tm
     assert value(final, "polar_gateway_reward_count") == 2 and value(final, "polar_gateway_reward_sum") == 2.0
     assert value(final, "polar_gateway_reward_bucket", le="0.75") == 0
 
-    proxied = scrape(proxy.url)  # the proxy saw exactly the two trainable sessions' calls
+    proxied = scrape(proxy)  # the proxy saw exactly the two trainable sessions' calls
     assert value(proxied, "polar_calls_total", api="chat", mode="continuation", outcome="completed") == 4
     assert value(proxied, "polar_time_to_first_token_seconds_count", api="chat") == 2
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import SessionOutcome, SessionRequest, _Job
 from nemo_polar.env.scaleout import ControllerConfig, RolloutController
-from nemo_polar.env.session import ProxyClient
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
 
@@ -59,7 +59,7 @@ def cluster() -> Iterator[None]:
 
 def controller(proxy: ProxyHandle, root: Path, **kw: Any) -> RolloutController:
     gateway = {"run_slots": 2, "init_workers": 2, "post_workers": 2, **kw.pop("gateway", {})}
-    client = ProxyClient(url=proxy.url)
+    client = proxy.client()
     return RolloutController(
         ControllerConfig(root=root, proxy=client, gateways=2, gateway_cls=LIGHT, gateway=gateway, **kw)
     )
@@ -166,7 +166,7 @@ def test_a_result_written_before_the_death_is_kept_and_the_rest_reported(
 
 def test_one_gateway_per_node_and_cancel_through_it(cluster: None, proxy: ProxyHandle, tmp_path: Path) -> None:
     async def scenario() -> tuple[list[Any], SessionOutcome]:
-        config = ControllerConfig(root=tmp_path, proxy=ProxyClient(url=proxy.url), gateway_cls=LIGHT)
+        config = ControllerConfig(root=tmp_path, proxy=proxy.client(), gateway_cls=LIGHT)
         async with RolloutController(config) as ctl:
             idle = await ctl.pressure()
             running = ctl.submit(light("c0", turns=20, hold_s=0.5))
@@ -182,7 +182,7 @@ def test_one_gateway_per_node_and_cancel_through_it(cluster: None, proxy: ProxyH
 
 
 def test_bad_configuration_is_refused(tmp_path: Path) -> None:
-    client = ProxyClient(url="http://127.0.0.1:9")
+    client = ProxyClient(url="http://127.0.0.1:9", admin_url="http://127.0.0.1:9")
     with pytest.raises(ValidationError, match="cannot be imported"):
         ControllerConfig(root=tmp_path, proxy=client, gateway_cls="tests.test_ray:NoSuchGateway")
     with pytest.raises(ValidationError, match="not an import path"):

@@ -41,7 +41,7 @@ def test_proxy_switches_to_the_verified_local_renderer(proxy: ProxyHandle) -> No
     body = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
     headers = {"authorization": f"Bearer {session['api_key']}"}
     deadline = time.monotonic() + 60
-    while proxy.app.state.proxy.renderer.name != "local":
+    while proxy.apps.proxy.renderer.name != "local":
         assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
         assert time.monotonic() < deadline, "local renderer was never adopted"
         time.sleep(0.2)
@@ -58,9 +58,9 @@ def test_the_tokenizer_stack_is_loaded_before_serving(render: str, loaded: bool)
     call; an app that may render in-process imports it when it is built."""
     code = (
         "import sys\n"
-        "from nemo_polar.proxy.app import ProxyConfig, create_app\n"
+        "from nemo_polar.proxy.app import ProxyConfig, create_apps\n"
         "assert 'transformers.models.auto.tokenization_auto' not in sys.modules\n"
-        f"create_app(ProxyConfig(engine_url='http://127.0.0.1:9', render={render!r}))\n"
+        f"create_apps(ProxyConfig(engine_url='http://127.0.0.1:9', render={render!r}))\n"
         "print('transformers.models.auto.tokenization_auto' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

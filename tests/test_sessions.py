@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import weakref
 
 import httpx
 import openai
@@ -89,3 +91,68 @@ def test_script_constrains_calls_in_order_then_samples_freely() -> None:
     assert second["structured_outputs"] == {"regex": "done"}
     assert after == {"seed_hint": 1} and "structured_outputs" not in after
     assert first["seed_hint"] == 1
+
+
+def _gauges(proxy: ProxyHandle) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = proxy.admin("GET", "/metrics").text
+    wanted = ("polar_sessions", "polar_sessions_open")
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.name in wanted}
+
+
+def test_a_closed_session_leaves_memory_and_its_records_are_read_back_from_disk(proxy: ProxyHandle) -> None:
+    store = proxy.apps.proxy.sessions
+    created, live = len(store), store.live
+    session, idle = proxy.session(sampling_overrides={"max_tokens": 4}), proxy.session()
+    sid, key = session["session_id"], session["api_key"]
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+    client.chat.completions.create(model="local-model", messages=[{"role": "user", "content": "hi"}])
+    held = store.get(sid)
+    assert held is not None and held.calls  # live: the replay map is in memory
+    gone = weakref.ref(held)
+    del held
+    live_records = proxy.records(sid)
+    assert len(live_records) == 1 and live_records[0]["complete"]
+    assert (len(store), store.live) == (created + 2, live + 2)
+
+    assert proxy.admin("DELETE", f"/polar/sessions/{sid}").json() == {"session_id": sid, "closed": True, "records": 1}
+    gc.collect()
+    assert store.get(sid) is None and gone() is None  # nothing (replay map, key index, metrics) keeps it alive
+    assert proxy.records(sid) == live_records  # from <session_id>.jsonl
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="local-model", messages=[{"role": "user", "content": "hi"}])
+    again = proxy.admin("DELETE", f"/polar/sessions/{sid}")  # closing twice answers what is left
+    assert again.status_code == 200 and again.json()["records"] == 1
+
+    # A session that never made a call is known once closed too (an empty records file).
+    assert proxy.admin("DELETE", f"/polar/sessions/{idle['session_id']}").json()["records"] == 0
+    assert proxy.records(idle["session_id"]) == []
+    assert proxy.admin("DELETE", f"/polar/sessions/{idle['session_id']}").status_code == 200
+    # Closed sessions still count as created; only live ones are held.
+    assert (len(store), store.live) == (created + 2, live)
+    assert _gauges(proxy) == {"polar_sessions": created + 2, "polar_sessions_open": live}
+    assert proxy.admin("GET", "/health").json()["sessions"] == created + 2
+
+    for unknown in (f"sess-{'0' * 32}", "nope", "..", "sess-..%2Fx"):
+        assert proxy.admin("GET", f"/polar/sessions/{unknown}/records").status_code == 404, unknown
+        assert proxy.admin("DELETE", f"/polar/sessions/{unknown}").status_code == 404, unknown
+
+
+def test_without_a_record_dir_only_the_latest_closed_sessions_are_kept() -> None:
+    from nemo_polar.proxy.records import CallRecord
+    from nemo_polar.proxy.sessions import ClosedSession, SessionConfig, SessionStore
+
+    store = SessionStore(None, keep_closed=2)
+    sessions = [store.create(SessionConfig()) for _ in range(3)]
+    for s in sessions:
+        record = CallRecord(call_id=f"c-{s.id}", session_id=s.id, api="chat", mode="chat", request=None, started_at=0)
+        s.records.append(record)
+    for s in sessions:
+        assert store.close(s.id) is s and store.by_key(s.api_key) is None
+    oldest, *kept = sessions
+    assert store.records(oldest.id) is None and store.close(oldest.id) is None  # dropped: unknown again
+    for s in kept:
+        assert [r.call_id for r in store.records(s.id) or []] == [f"c-{s.id}"]
+        assert store.close(s.id) == ClosedSession(s.id, s.records)
+    assert (len(store), store.live) == (3, 0)

@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import httpx
 import openai
 import pytest
 
@@ -18,7 +17,7 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle, make_proxy
 
 pytestmark = pytest.mark.engine
-LONG = "word " * 600  # a forced output long enough to still be generating when the pause starts
+LONG = "word " * 3000  # a forced output that takes seconds: still generating when the pause arrives
 # The in-process proxy shares two busy cores with the engine and the streaming client: admin calls may answer late.
 ADMIN_TIMEOUT = 60
 
@@ -31,7 +30,7 @@ def versioned(engine_url: str, tmp_path) -> ProxyHandle:  # type: ignore[no-unty
 def forced(text: str) -> dict:
     return {
         "extra_body": {"structured_outputs": {"regex": re.escape(text)}},
-        "sampling_overrides": {"max_tokens": 1000},
+        "sampling_overrides": {"max_tokens": 4000},
     }
 
 
@@ -56,10 +55,12 @@ def start_in_flight(proxy: ProxyHandle, call: Callable[[], object]) -> threading
     thread = threading.Thread(target=target)
     thread.start()
     deadline = time.monotonic() + 120
-    while httpx.get(f"{proxy.url}/health", timeout=ADMIN_TIMEOUT).json()["in_flight"] == 0:
+    # Watched in-process, not over HTTP: a loaded machine can answer an admin call more slowly than a short
+    # generation runs, and then the call is never seen in flight.
+    while proxy.apps.proxy.admission.state().in_flight == 0:
         assert thread.is_alive(), f"the generation ended before it was seen in flight: {errors or 'no error'}"
         assert time.monotonic() < deadline, "the generation never started"
-        time.sleep(0.005)
+        time.sleep(0.001)
     return thread
 
 
@@ -74,7 +75,7 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
         replies[name] = time.monotonic()
 
     first = start_in_flight(proxy, lambda: run("in_flight", slow["api_key"]))
-    paused = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 60}, timeout=90).json()
+    paused = proxy.admin("POST", "/polar/pause", json={"timeout_s": 60}, timeout=90).json()
     assert paused["paused"] and paused["drained"] and paused["in_flight"] == 0
     # Pause returned only after the in-flight generation finished and was recorded.
     assert [r["complete"] for r in proxy.records(slow["session_id"])] == [True]
@@ -84,7 +85,7 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
     time.sleep(1.0)
     assert "held" not in replies  # a call arriving while paused waits...
     resumed_at = time.monotonic()
-    state = httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 2}, timeout=ADMIN_TIMEOUT).json()
+    state = proxy.admin("POST", "/polar/resume", json={"policy_version": 2}, timeout=ADMIN_TIMEOUT).json()
     assert state == {
         "paused": False,
         "policy_version": 2,
@@ -120,13 +121,13 @@ def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
                     break
 
     t = start_in_flight(proxy, stream_until_hang_up)
-    state = httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 0.01}, timeout=ADMIN_TIMEOUT).json()
+    state = proxy.admin("POST", "/polar/pause", json={"timeout_s": 0.01}, timeout=ADMIN_TIMEOUT).json()
     hang_up.set()
     assert state["paused"] and state["drained"] is False and state["in_flight"] == 1
-    httpx.post(f"{proxy.url}/polar/resume", json={}, timeout=ADMIN_TIMEOUT)
+    proxy.admin("POST", "/polar/resume", json={}, timeout=ADMIN_TIMEOUT)
     t.join(60)
     deadline = time.monotonic() + 30
-    while httpx.get(f"{proxy.url}/health", timeout=ADMIN_TIMEOUT).json()["in_flight"]:
+    while proxy.admin("GET", "/health", timeout=ADMIN_TIMEOUT).json()["in_flight"]:
         assert time.monotonic() < deadline, "the abandoned generation was never released"
         time.sleep(0.05)
     [record] = proxy.records(slow["session_id"])
@@ -138,8 +139,8 @@ def test_a_session_spanning_versions_shows_both_in_its_trace(versioned: ProxyHan
     s = proxy.session(sampling_overrides={"max_tokens": 4})
     history = [{"role": "user", "content": "one"}]
     history += [{"role": "assistant", "content": ask(proxy, s["api_key"], history)}, {"role": "user", "content": "2"}]
-    httpx.post(f"{proxy.url}/polar/pause", json={"timeout_s": 10}, timeout=ADMIN_TIMEOUT)
-    httpx.post(f"{proxy.url}/polar/resume", json={"policy_version": 7}, timeout=ADMIN_TIMEOUT)
+    proxy.admin("POST", "/polar/pause", json={"timeout_s": 10}, timeout=ADMIN_TIMEOUT)
+    proxy.admin("POST", "/polar/resume", json={"policy_version": 7}, timeout=ADMIN_TIMEOUT)
     ask(proxy, s["api_key"], history)
     records = [CallRecord.model_validate(r) for r in proxy.records(s["session_id"])]
     [trace] = prefix_merging(records).traces
@@ -155,9 +156,9 @@ def test_a_session_spanning_versions_shows_both_in_its_trace(versioned: ProxyHan
     ],
 )
 def test_weight_sync_bad_input(versioned: ProxyHandle, route: str, body: object, message: str) -> None:
-    resp = httpx.post(f"{versioned.url}/polar/{route}", json=body, timeout=ADMIN_TIMEOUT)
+    resp = versioned.admin("POST", f"/polar/{route}", json=body, timeout=ADMIN_TIMEOUT)
     assert resp.status_code == 400 and message in resp.text
-    assert httpx.get(f"{versioned.url}/health", timeout=ADMIN_TIMEOUT).json()["paused"] is False
+    assert versioned.admin("GET", "/health", timeout=ADMIN_TIMEOUT).json()["paused"] is False
 
 
 def test_admission_counts_every_exit_path() -> None:

@@ -8,6 +8,7 @@ instant grade. It measures the gateway, the proxy and the engine — not how fas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 import httpx
 
 from nemo_polar.env.gateway import Gateway, _Job
-from nemo_polar.env.session import ProxyClient, SessionResult, write_session
+from nemo_polar.env.session import SessionResult, close_quietly, write_session
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
 
 
@@ -45,21 +47,31 @@ def reply_text(resp: httpx.Response) -> str:
     return "".join(parts)
 
 
-def chat_loop(proxy: ProxyClient, job: _Job, options: dict[str, Any]) -> SessionResult:
+def chat_loop(
+    proxy: ProxyClient, job: _Job, options: dict[str, Any], http: httpx.Client | None = None
+) -> SessionResult:
+    """One session's loop; ``http``: a shared client for the chat calls (else one is opened for the session)."""
     meta = {"request_id": job.request.request_id}
     config = {"sampling_overrides": {"max_tokens": options.get("max_tokens", 8)}, "metadata": meta}
     session_id, key = proxy.create_session(config)
     history = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
-    with httpx.Client(base_url=f"{proxy.url}/v1", timeout=600) as client:
-        for turn in range(options.get("turns", 2)):
-            if job.cancel.is_set():
-                break
-            body = {"model": "local-model", "messages": history, "stream": turn % 2 == 1}
-            resp = client.post("/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
-            resp.raise_for_status()
-            history += [{"role": "assistant", "content": reply_text(resp)}, {"role": "user", "content": f"ok {turn}"}]
-            time.sleep(options.get("hold_s", 0.0))
-    records = proxy.records(session_id)
+    try:
+        with contextlib.ExitStack() as stack:
+            client = http or stack.enter_context(httpx.Client(timeout=600))
+            for turn in range(options.get("turns", 2)):
+                if job.cancel.is_set():
+                    break
+                body = {"model": "local-model", "messages": history, "stream": turn % 2 == 1}
+                resp = client.post(
+                    f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+                )
+                resp.raise_for_status()
+                reply = {"role": "assistant", "content": reply_text(resp)}
+                history += [reply, {"role": "user", "content": f"ok {turn}"}]
+                time.sleep(options.get("hold_s", 0.0))
+        records = proxy.records(session_id)
+    finally:
+        close_quietly(proxy, session_id)
     result = SessionResult(
         session_id=session_id,
         harness="chat_loop",
@@ -79,8 +91,12 @@ def chat_loop(proxy: ProxyClient, job: _Job, options: dict[str, Any]) -> Session
 class ChatLoopGateway(Gateway):
     """The real gateway (pools, budgets, cancellation, state, delivery) with chat-loop sessions and instant grades."""
 
+    # Shared by all sessions when set (thread-safe, pooled): opening an httpx client costs ~30 ms of CPU (its TLS
+    # context), which at soak rates is more than the session itself.
+    http: httpx.Client | None = None
+
     def _prepare(self, job: _Job) -> InstantGrade:  # type: ignore[override]
         return InstantGrade(job.request.instance.instance_id)
 
     def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        return chat_loop(job.request.proxy or self.proxy, job, job.request.harness_options)
+        return chat_loop(job.request.proxy or self.proxy, job, job.request.harness_options, self.http)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gym.envs import get_env
-from nemo_polar.env.session import ProxyClient
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord, read_records
 from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
 from nemo_polar.reconstruct.rewards import assign, group_advantages

@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from nemo_polar.env.harness import Harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import ProxyClient, SessionResult, run_session
+from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards.grader import Evaluator, GradeResult
 from nemo_polar.rewards.instance import SWEInstance
 

@@ -10,7 +10,9 @@ Budgets: ``session_budget_s`` from INIT, ``agent_budget_s`` from RUN. Cancellati
 harness is killed) and a cancelled session never publishes a trainable result. State lives on disk under
 ``state_dir/<request_id>/``: a restart loses no finished result, re-delivers undelivered ones and reports what it
 could not finish. Results go to a local queue and/or a callback URL, at least once, with the request id as the
-idempotency key.
+idempotency key. Memory holds unfinished sessions only (a training run submits without end): a finished job
+leaves ``jobs`` and answers from its ``outcome.json``, a group leaves with its last live job, and stage depths are
+counters kept on every stage change rather than scans.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from nemo_polar.env.gateway_metrics import GatewayMetrics
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import ProxyClient, SessionResult, run_session
+from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.env.workspace import prepare_workspace
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import gym_output_items
 from nemo_polar.rewards.grader import Evaluator, GradeResult
 from nemo_polar.rewards.instance import SWEInstance
 
 Stage = Literal["queued", "init", "ready", "run", "postrun", "done"]
+LIVE_STAGES: tuple[Stage, ...] = ("queued", "init", "ready", "run", "postrun")
 T = TypeVar("T")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -61,6 +65,12 @@ class GatewayConfig(BaseModel):
     )
     callback_url: str | None = None
     callback_attempts: int = Field(default=5, ge=1)
+    results_buffer: int = Field(
+        default=1024,
+        ge=1,
+        description="outcomes kept in Gateway.results until taken; past that the oldest is dropped (it stays in its "
+        "future, in outcome.json and with the callback)",
+    )
 
 
 class SessionRequest(BaseModel):
@@ -123,13 +133,18 @@ class Gateway:
     def __init__(self, config: GatewayConfig, proxy: ProxyClient) -> None:
         self.config = config
         self.proxy = proxy
-        self.results: asyncio.Queue[SessionOutcome] = asyncio.Queue()
+        self.results: asyncio.Queue[SessionOutcome] = asyncio.Queue(maxsize=config.results_buffer)
+        # Unfinished jobs only: a finished one leaves memory, its outcome.json answers for it (see submit).
         self.jobs: dict[str, _Job] = {}
+        self._depths: dict[Stage, int] = dict.fromkeys(LIVE_STAGES, 0)  # kept by _enter, read at every scrape
         self._init_q: asyncio.Queue[_Job] = asyncio.Queue()
         self._ready_q: asyncio.Queue[_Job] = asyncio.Queue(maxsize=config.ready_buffer)
         self._post_q: asyncio.Queue[_Job] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
+        self._deliveries: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
+        # GRPO groups with a live job: trainable results so far, and the live jobs' request ids.
         self._groups: dict[str, int] = {}
+        self._group_jobs: dict[str, set[str]] = {}
         self.metrics = GatewayMetrics(self.depths)
         # Stage bodies block (subprocesses, sandboxes, HTTP): one thread per worker, so a busy pool never starves
         # another (asyncio's default executor has only cpu_count + 4 threads).
@@ -175,6 +190,8 @@ class Gateway:
             shutil.rmtree(directory)
         job = _Job(request, directory)
         self.jobs[request.request_id] = job
+        if request.group_id is not None:
+            self._group_jobs.setdefault(request.group_id, set()).add(request.request_id)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "request.json").write_text(request.model_dump_json(indent=2))
         self._enter(job, "queued")
@@ -202,8 +219,8 @@ class Gateway:
         return self.metrics.asgi_app()
 
     def depths(self) -> dict[str, int]:
-        stages = [j.stage for j in self.jobs.values() if not j.done.done()]
-        return {s: stages.count(s) for s in ("queued", "init", "ready", "run", "postrun")}
+        """Unfinished sessions per stage."""
+        return dict(self._depths)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
@@ -297,7 +314,12 @@ class Gateway:
         return False
 
     def _enter(self, job: _Job, stage: Stage) -> None:
-        self.metrics.enter(stage, job.stage, job.stage_times.get(job.stage))
+        since = job.stage_times.get(job.stage)
+        self.metrics.enter(stage, job.stage, since)
+        if since is not None:  # a job starts out "queued" before it has entered any stage
+            self._depths[job.stage] -= 1
+        if stage != "done":
+            self._depths[stage] += 1
         job.stage = stage
         job.stage_times[stage] = time.time()
         (job.dir / "state.json").write_text(json.dumps({"stage": stage, "stage_times": job.stage_times}))
@@ -318,17 +340,26 @@ class Gateway:
         outcome = SessionOutcome(request_id=job.request.request_id, status=status, reason=reason, grade=grade)
         outcome.session_status = session.status if session else None
         if grade is not None and session is not None:
-            outcome = self._with_traces(outcome, session, grade)
+            try:
+                outcome = self._with_traces(outcome, session, grade)
+            except Exception as exc:  # a reconstruction bug must not kill the POSTRUN worker or strand the job
+                outcome.reward, outcome.mask_sample = grade.reward, True
+                outcome.reason = f"reconstruction failed: {exc!r}"
         if job.evaluator is not None:
             job.evaluator.close()
         self._enter(job, "done")
         outcome.stage_times = dict(job.stage_times)
         (job.dir / "outcome.json").write_text(outcome.model_dump_json(indent=2))
         job.done.set_result(outcome)
+        del self.jobs[job.request.request_id]  # from now on submit() answers from outcome.json
         self.metrics.finish(outcome)
+        if self.results.full():  # nobody is taking them: the oldest goes (it is in its future and on disk)
+            self.results.get_nowait()
         self.results.put_nowait(outcome)
         if self.config.callback_url:
-            asyncio.get_running_loop().create_task(self._deliver(outcome))
+            task = asyncio.get_running_loop().create_task(self._deliver(outcome))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
         self._group_done(job, outcome)
 
     def _with_traces(self, outcome: SessionOutcome, session: SessionResult, grade: GradeResult) -> SessionOutcome:
@@ -356,14 +387,19 @@ class Gateway:
         return outcome
 
     def _group_done(self, job: _Job, outcome: SessionOutcome) -> None:
-        req = job.request
-        if req.group_id is None or req.group_needed is None or outcome.mask_sample:
+        req, gid = job.request, job.request.group_id
+        if gid is None:
             return
-        self._groups[req.group_id] = self._groups.get(req.group_id, 0) + 1
-        if self._groups[req.group_id] >= req.group_needed:  # enough for the GRPO group: stop the stragglers
-            for other in list(self.jobs.values()):
-                if other.request.group_id == req.group_id and not other.done.done():
-                    self.cancel(other.request.request_id)
+        live = self._group_jobs.get(gid, set())
+        live.discard(req.request_id)
+        if req.group_needed is not None and not outcome.mask_sample:
+            self._groups[gid] = self._groups.get(gid, 0) + 1
+            if self._groups[gid] >= req.group_needed:  # enough for the GRPO group: stop the stragglers
+                for other in list(live):
+                    self.cancel(other)
+        if not live:  # nothing left to stop: a later request with this group id starts a fresh count
+            self._group_jobs.pop(gid, None)
+            self._groups.pop(gid, None)
 
     async def _deliver(self, outcome: SessionOutcome) -> None:
         assert self.config.callback_url

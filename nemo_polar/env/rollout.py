@@ -19,16 +19,19 @@ from nemo_polar.env.collect import PolarEnv, PolarEnvConfig
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import Action
-from nemo_polar.env.session import ProxyClient, SessionResult, run_session
+from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.env.workspace import Task
 from nemo_polar.progress import AttemptsProgress
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.builders import BuilderConfig
 from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.instance import SWEInstance
 
 
 def conf_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "conf"
+    from nemo_polar.paths import conf_dir as package_conf_dir
+
+    return package_conf_dir()
 
 
 def compose(overrides: list[str], config_name: str = "rollout") -> DictConfig:
@@ -75,27 +78,42 @@ def engine_url(cfg: DictConfig) -> Iterator[str]:
 
 @contextlib.contextmanager
 def proxy_client(cfg: DictConfig, engine: str, record_dir: Path) -> Iterator[ProxyClient]:
-    with serve_proxy(engine, record_dir, cfg.model, url=cfg.proxy.url, admin_token=cfg.proxy.admin_token) as client:
+    with serve_proxy(
+        engine,
+        record_dir,
+        cfg.model,
+        url=cfg.proxy.url,
+        admin_url=cfg.proxy.admin_url,
+        admin_token=cfg.proxy.admin_token,
+    ) as client:
         yield client
 
 
 @contextlib.contextmanager
 def serve_proxy(
-    engine: str | None, record_dir: Path, model: str, *, url: str | None = None, admin_token: str | None = None
+    engine: str | None,
+    record_dir: Path,
+    model: str,
+    *,
+    url: str | None = None,
+    admin_url: str | None = None,
+    admin_token: str | None = None,
 ) -> Iterator[ProxyClient]:
-    """A running proxy (``url``) or one served in-process in front of ``engine`` for as long as the block runs."""
-    if url:
-        yield ProxyClient(url=url, admin_token=admin_token)
+    """A running proxy (``url``: its model API, ``admin_url``: its admin API) or one served in-process in front of
+    ``engine`` for as long as the block runs (with a random admin token)."""
+    if url or admin_url:
+        if not (url and admin_url):
+            raise ValueError("a running proxy needs both its model API url and its admin_url (separate listeners)")
+        yield ProxyClient(url=url, admin_url=admin_url, admin_token=admin_token)
         return
     if not engine:
         raise ValueError("no policy engine: pass an engine URL or a running proxy's URL")
     check_engine(engine)
-    from nemo_polar.proxy.app import ProxyConfig, create_app
-    from nemo_polar.proxy.serve import BackgroundServer
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.serve import ProxyServer
 
-    app = create_app(ProxyConfig(engine_url=engine, record_dir=record_dir, model_aliases=[model]))
-    with BackgroundServer(app) as server:
-        yield ProxyClient(url=server.url)
+    with ProxyServer(ProxyConfig(engine_url=engine, record_dir=record_dir, model_aliases=[model])) as server:
+        yield server.client()
 
 
 def check_engine(url: str) -> None:

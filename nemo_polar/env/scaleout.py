@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nemo_polar.env.gateway import Gateway, GatewayConfig, RecoveryReport, SessionOutcome, SessionRequest
-from nemo_polar.env.session import ProxyClient
+from nemo_polar.proxy.client import ProxyClient
 
 
 def resolve_gateway_cls(spec: str | type) -> type[Gateway]:

@@ -6,13 +6,13 @@ result), ``records.jsonl`` (the proxy's call records), ``patch.diff``, the CLI's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.harness import Endpoint, Harness
@@ -22,45 +22,10 @@ from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
 from nemo_polar.env.runtime.egress import EgressAttempt
 from nemo_polar.env.script import Action
 from nemo_polar.env.workspace import Task, extract_patch, prepare_workspace
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
 
 Status = Literal["completed", "harness_error", "timeout", "cancelled", "proxy_unreachable"]
-
-
-class ProxyClient(BaseModel):
-    """The proxy's admin API as the session runner uses it."""
-
-    url: str
-    admin_token: str | None = None
-
-    def _headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
-
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            kw.setdefault("timeout", 30)
-            resp = httpx.request(method, f"{self.url}{path}", headers=self._headers(), **kw)
-        except httpx.HTTPError as exc:
-            raise ConnectionError(f"proxy at {self.url} is unreachable: {exc}") from None
-        if resp.status_code >= 400:
-            raise RuntimeError(f"proxy {method} {path} -> {resp.status_code}: {resp.text[:500]}")
-        return resp.json()
-
-    def create_session(self, config: dict[str, Any]) -> tuple[str, str]:
-        made = self._call("POST", "/polar/sessions", json=config)
-        return made["session_id"], made["api_key"]
-
-    def records(self, session_id: str) -> list[CallRecord]:
-        return [CallRecord.model_validate(r) for r in self._call("GET", f"/polar/sessions/{session_id}/records")]
-
-    def close(self, session_id: str) -> None:
-        self._call("DELETE", f"/polar/sessions/{session_id}")
-
-    def pause(self, timeout_s: float) -> dict[str, Any]:
-        return self._call("POST", "/polar/pause", json={"timeout_s": timeout_s}, timeout=timeout_s + 30)
-
-    def resume(self, policy_version: int | None = None) -> dict[str, Any]:
-        return self._call("POST", "/polar/resume", json={"policy_version": policy_version})
 
 
 class SessionResult(BaseModel):
@@ -122,39 +87,48 @@ def run_session(
         proxy_url=proxy.url,
         mounts={HARNESS_MOUNT: root, **(mounts or {})},
     )
-    with runtime:
-        runtime.start(spec)
-        paths = runtime.paths
-        config: dict[str, Any] = {**(session_config or {})}
-        if script:
-            config = {**scripted_config(harness, script, paths.workspace), **config}
-        config["metadata"] = {"harness": harness.name, "instance_id": task.instance_id, **config.get("metadata", {})}
-        session_id, api_key = proxy.create_session(config)
-        endpoint = Endpoint(base_url=runtime.proxy_base_url, api_key=api_key, model=model)
-        launch = harness.launch(
-            task.problem_statement,
-            endpoint,
-            root=runtime.where(HARNESS_MOUNT),
-            home=paths.home,
-            workspace=paths.workspace,
-        )
-        for rel, text in launch.files.items():
-            (home / rel).parent.mkdir(parents=True, exist_ok=True)
-            (home / rel).write_text(text)
-        t_run = time.monotonic()
-        done = runtime.exec(
-            launch.argv,
-            {**(env or {}), **launch.env},
-            cwd=paths.workspace,
-            timeout=timeout,
-            log_prefix=session_dir / "harness",
-            cancel=cancel,
-        )
-        t_post = time.monotonic()
-        egress = runtime.egress_attempts()
-
-    records = proxy.records(session_id)
-    proxy.close(session_id)
+    session_id: str | None = None
+    try:
+        with runtime:
+            runtime.start(spec)
+            paths = runtime.paths
+            config: dict[str, Any] = {**(session_config or {})}
+            if script:
+                config = {**scripted_config(harness, script, paths.workspace), **config}
+            config["metadata"] = {
+                "harness": harness.name,
+                "instance_id": task.instance_id,
+                **config.get("metadata", {}),
+            }
+            session_id, api_key = proxy.create_session(config)
+            endpoint = Endpoint(base_url=runtime.proxy_base_url, api_key=api_key, model=model)
+            launch = harness.launch(
+                task.problem_statement,
+                endpoint,
+                root=runtime.where(HARNESS_MOUNT),
+                home=paths.home,
+                workspace=paths.workspace,
+            )
+            for rel, text in launch.files.items():
+                (home / rel).parent.mkdir(parents=True, exist_ok=True)
+                (home / rel).write_text(text)
+            t_run = time.monotonic()
+            done = runtime.exec(
+                launch.argv,
+                {**(env or {}), **launch.env},
+                cwd=paths.workspace,
+                timeout=timeout,
+                log_prefix=session_dir / "harness",
+                cancel=cancel,
+            )
+            t_post = time.monotonic()
+            egress = runtime.egress_attempts()
+        records = proxy.records(session_id)
+    finally:
+        # The key stops working on every path out (a failed launch or exec included): nothing left in the sandbox
+        # can call the model on this session after the runner has moved on.
+        if session_id is not None:
+            close_quietly(proxy, session_id)
     stderr = done.stderr.read_text(errors="replace")
     status: Status
     error = None
@@ -189,6 +163,12 @@ def run_session(
     )
     write_session(result)
     return result
+
+
+def close_quietly(proxy: ProxyClient, session_id: str) -> None:
+    """Close a proxy session on a path that is already failing or finishing; a proxy that is gone has no key left."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        proxy.close(session_id)
 
 
 def write_session(result: SessionResult) -> None:

@@ -1,22 +1,26 @@
-"""The proxy's ASGI app: provider APIs for harnesses, an admin API for sessions and records."""
+"""The proxy's two ASGI apps over one engine client and session store: the model API that harnesses (and so
+sandboxed agents) reach, and the admin API for sessions, records, weight sync and metrics on a listener of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import json
+import secrets
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import anthropic, chat, responses
@@ -40,7 +44,17 @@ class ProxyConfig(BaseModel):
     keepalive_s: float = Field(default=5.0, gt=0, description="SSE keep-alive interval while the engine is silent")
     model_aliases: list[str] = Field(default_factory=list)
     eot_token: str = "<|im_end|>"
-    admin_token: str | None = None
+    admin_token: str = Field(
+        default_factory=lambda: secrets.token_urlsafe(24),
+        min_length=8,
+        description="bearer token of the admin API; random unless given (ProxyServer.admin_token, printed by the CLI)",
+    )
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _random_unless_given(cls, value: Any) -> Any:
+        return secrets.token_urlsafe(24) if value is None else value
+
     policy_version: int | None = Field(default=None, description="stamped on records until a resume changes it")
     render: Literal["auto", "engine"] = Field(
         default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
@@ -310,10 +324,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
         data = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise ProxyError(400, f"body is not JSON: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ProxyError(400, "body must be a JSON object")
+        raise ProxyError(400, f"request body must be a JSON object, not {type(data).__name__}")
     return data
 
 
@@ -347,90 +361,53 @@ def _complete(record: CallRecord, gen: Generation) -> None:
     record.complete = True
 
 
-def create_app(
+@dataclass(frozen=True)
+class ProxyApps:
+    """The proxy's two ASGI apps over one :class:`Proxy`, served on separate listeners.
+
+    ``model`` is the data plane: the provider APIs a harness calls with its session key, ``/v1/models`` and a bare
+    ``/health``; it is the only listener a sandbox's relay ever forwards to, so nothing an agent sends can reach a
+    control route. ``admin`` is the control plane: sessions and their records, weight sync (pause/resume), metrics
+    and the full health state, every route behind the admin bearer token.
+    """
+
+    proxy: Proxy
+    model: FastAPI
+    admin: FastAPI
+
+
+def create_apps(
     config: ProxyConfig, *, api_key: str | None = None, session_config: SessionConfig | None = None
-) -> FastAPI:
-    """Build the app; ``api_key`` pre-creates one session with that key (handy for running a CLI by hand)."""
+) -> ProxyApps:
+    """Build both apps; ``api_key`` pre-creates one session with that key (handy for running a CLI by hand)."""
     if config.render == "auto":
         preload_tokenizers()  # here, not lazily on the first call: see preload_tokenizers
     proxy = Proxy(config)
     if api_key:
         proxy.sessions.create(session_config or SessionConfig(mode=config.default_mode), api_key=api_key)
+    return ProxyApps(proxy, _model_app(proxy), _admin_app(proxy))
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await proxy.engine.aclose()
 
-    app = FastAPI(title="nemo_polar proxy", lifespan=lifespan)
-    app.state.proxy = proxy
-
-    def admin(request: Request) -> None:
-        token = config.admin_token
-        if token and request.headers.get("authorization", "") != f"Bearer {token}":
-            raise ProxyError(401, "admin API requires the admin token")
-
+def _handle_proxy_errors(app: FastAPI) -> None:
     @app.exception_handler(ProxyError)
     async def _proxy_error(_: Request, err: ProxyError) -> JSONResponse:
         return error_response("openai", err)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and wrong methods answer in the provider's error shape, like every other failure.
+        return error_response("openai", ProxyError(exc.status_code, str(exc.detail)))
+
+
+def _model_app(proxy: Proxy) -> FastAPI:
+    config = proxy.config
+    app = FastAPI(title="nemo_polar proxy: model API", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.proxy = proxy
+    _handle_proxy_errors(app)
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        """Prometheus text format; behind the admin token when there is one (scrapers send it as a Bearer)."""
-        admin(request)
-        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.post("/polar/pause")
-    async def pause(request: Request) -> AdmissionState:
-        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync)."""
-        admin(request)
-        body = await _json_body(request)
-        timeout = body.get("timeout_s", 60.0)
-        if not isinstance(timeout, int | float) or timeout < 0:
-            raise ProxyError(400, "timeout_s must be a non-negative number")
-        return await proxy.admission.pause(float(timeout))
-
-    @app.post("/polar/resume")
-    async def resume(request: Request) -> AdmissionState:
-        """Admit generations again; ``policy_version`` (optional) is stamped on every record from now on."""
-        admin(request)
-        version = (await _json_body(request)).get("policy_version")
-        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-            raise ProxyError(400, "policy_version must be an integer")
-        return proxy.admission.resume(version)
-
-    @app.post("/polar/sessions")
-    async def create_session(request: Request) -> SessionCreated:
-        admin(request)
-        raw = await request.body()
-        data = json.loads(raw) if raw.strip() else {}
-        data.setdefault("mode", config.default_mode)
-        try:
-            cfg = SessionConfig.model_validate(data)
-        except ValueError as exc:
-            raise ProxyError(400, f"invalid session config: {exc}") from None
-        session = proxy.sessions.create(cfg)
-        return SessionCreated(session_id=session.id, api_key=session.api_key)
-
-    @app.get("/polar/sessions/{session_id}/records")
-    async def session_records(session_id: str, request: Request) -> JSONResponse:
-        admin(request)
-        session = proxy.sessions.get(session_id)
-        if session is None:
-            raise ProxyError(404, f"no session {session_id!r}")
-        return JSONResponse([r.model_dump(mode="json") for r in session.records])
-
-    @app.delete("/polar/sessions/{session_id}")
-    async def close_session(session_id: str, request: Request) -> dict[str, Any]:
-        admin(request)
-        session = proxy.sessions.close(session_id)
-        if session is None:
-            raise ProxyError(404, f"no session {session_id!r}")
-        return {"session_id": session_id, "closed": True, "records": len(session.records)}
+        return {"status": "ok"}  # the sandbox's liveness probe; the state lives on the admin listener
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -464,5 +441,76 @@ def create_app(
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         return await proxy.count_tokens(request)
+
+    return app
+
+
+def _admin_app(proxy: Proxy) -> FastAPI:
+    config = proxy.config
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.engine.aclose()
+
+    def admin(request: Request) -> None:
+        if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {config.admin_token}"):
+            raise ProxyError(401, "the admin API requires the admin token (Authorization: Bearer <token>)")
+
+    app = FastAPI(
+        title="nemo_polar proxy: admin API", lifespan=lifespan, dependencies=[Depends(admin)], openapi_url=None
+    )
+    app.state.proxy = proxy
+    _handle_proxy_errors(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format (scrapers send the admin token as a Bearer)."""
+        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/polar/pause")
+    async def pause(request: Request) -> AdmissionState:
+        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync)."""
+        timeout = (await _json_body(request)).get("timeout_s", 60.0)
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+            raise ProxyError(400, "timeout_s must be a non-negative number")
+        return await proxy.admission.pause(float(timeout))
+
+    @app.post("/polar/resume")
+    async def resume(request: Request) -> AdmissionState:
+        """Admit generations again; ``policy_version`` (optional) is stamped on every record from now on."""
+        version = (await _json_body(request)).get("policy_version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise ProxyError(400, "policy_version must be an integer")
+        return proxy.admission.resume(version)
+
+    @app.post("/polar/sessions")
+    async def create_session(request: Request) -> SessionCreated:
+        data = await _json_body(request)
+        data.setdefault("mode", config.default_mode)
+        try:
+            cfg = SessionConfig.model_validate(data)
+        except ValueError as exc:
+            raise ProxyError(400, f"invalid session config: {exc}") from None
+        session = proxy.sessions.create(cfg)
+        return SessionCreated(session_id=session.id, api_key=session.api_key)
+
+    @app.get("/polar/sessions/{session_id}/records")
+    async def session_records(session_id: str) -> JSONResponse:
+        records = await asyncio.to_thread(proxy.sessions.records, session_id)
+        if records is None:
+            raise ProxyError(404, f"no session {session_id!r}")
+        return JSONResponse([r.model_dump(mode="json") for r in records])
+
+    @app.delete("/polar/sessions/{session_id}")
+    async def close_session(session_id: str) -> dict[str, Any]:
+        session = await asyncio.to_thread(proxy.sessions.close, session_id)  # may read a closed one back from disk
+        if session is None:
+            raise ProxyError(404, f"no session {session_id!r}")
+        return {"session_id": session_id, "closed": True, "records": len(session.records)}
 
     return app

@@ -80,6 +80,9 @@ class _State(Collector):
         yield GaugeMetricFamily(
             "polar_sessions", "Sessions created on this proxy (as /health reports)", len(self.sessions)
         )
+        yield GaugeMetricFamily(
+            "polar_sessions_open", "Sessions created and not yet closed (held in memory)", self.sessions.live
+        )
         yield GaugeMetricFamily("polar_paused", "1 while generations are paused for a weight sync", float(adm.paused))
         yield GaugeMetricFamily("polar_policy_version", "Policy version stamped on new records (NaN: none)", version)
         yield CounterMetricFamily(

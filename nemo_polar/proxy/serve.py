@@ -1,37 +1,109 @@
-"""Serve the proxy in-process: uvicorn in a background thread on a free loopback port."""
+"""Serve ASGI apps in-process: uvicorn in a background thread on free loopback ports.
+
+:class:`ProxyServer` runs the proxy's model and admin apps as two listeners on one event loop (they share the
+engine client, sessions and admission state, which are bound to it). :class:`BackgroundServer` runs any single app.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from nemo_polar.engine.launcher import free_port
+from nemo_polar.proxy.app import ProxyApps, ProxyConfig, create_apps
+from nemo_polar.proxy.client import ProxyClient
+
+
+class _Servers:
+    """uvicorn servers on one loop in a daemon thread; a context manager that waits until all are serving."""
+
+    def __init__(self, apps: list[tuple[FastAPI, str, int]], log_level: str = "warning") -> None:
+        self.servers = [
+            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)) for app, host, port in apps
+        ]
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        await asyncio.gather(*(s.serve() for s in self.servers))
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not all(s.started for s in self.servers):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                self.stop()
+                raise TimeoutError("the server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.should_exit = True
+        self.thread.join(timeout=10)
 
 
 class BackgroundServer:
-    """Run an ASGI app with uvicorn in a daemon thread; a context manager that waits until it is serving."""
+    """Run one ASGI app with uvicorn in a daemon thread."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None) -> None:
         self.host, self.port = host, port or free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self._servers = _Servers([(app, self.host, self.port)])
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise TimeoutError(f"the proxy did not start on {self.url}")
-            time.sleep(0.02)
+        self._servers.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self._servers.stop()
+
+
+class ProxyServer:
+    """The proxy served in-process: ``url`` is the model API, ``admin_url`` the admin API (``admin_token``)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig | ProxyApps,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        admin_port: int | None = None,
+        *,
+        log_level: str = "warning",
+        **create: Any,
+    ) -> None:
+        self.apps = config if isinstance(config, ProxyApps) else create_apps(config, **create)
+        self.host, self.port = host, port or free_port()
+        self.admin_port = admin_port or free_port()
+        if self.admin_port == self.port:
+            raise ValueError("the model and admin listeners need different ports")
+        listeners = [(self.apps.model, host, self.port), (self.apps.admin, host, self.admin_port)]
+        self._servers = _Servers(listeners, log_level)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    @property
+    def admin_token(self) -> str:
+        return self.apps.proxy.config.admin_token
+
+    def client(self) -> ProxyClient:
+        return ProxyClient(url=self.url, admin_url=self.admin_url, admin_token=self.admin_token)
+
+    def __enter__(self) -> ProxyServer:
+        self._servers.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._servers.stop()

@@ -12,6 +12,7 @@ import re
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
-from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter
+from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter, read_records
 
 
 class SamplingOverrides(BaseModel):
@@ -124,36 +125,87 @@ class Session:
             self.text_index[output.content] = record.call_id
 
 
+@dataclass
+class ClosedSession:
+    """What is left of a closed session once it has left memory: its id and its call records."""
+
+    id: str
+    records: list[CallRecord]
+
+
+SESSION_ID = re.compile(r"^sess-[0-9a-f]{32}$")
+
+
 class SessionStore:
-    def __init__(self, record_dir: Path | None) -> None:
+    """Live sessions by id and key. A closed session leaves memory (its replay map, key and records): with a
+    ``record_dir`` its records are read back from ``<session_id>.jsonl``, which close makes sure exists (empty for a
+    session that made no call). Without one there is no disk, so only the ``keep_closed`` most recently closed
+    sessions' records are kept, in memory; older ones are dropped, and their ids are unknown again."""
+
+    def __init__(self, record_dir: Path | None, *, keep_closed: int = 32) -> None:
         self.record_dir = record_dir
+        self.keep_closed = keep_closed
+        self.created = 0  # sessions ever created here (/health and the polar_sessions gauge)
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
+        self._closed: OrderedDict[str, list[CallRecord]] = OrderedDict()  # no record_dir only
 
     def create(self, config: SessionConfig, *, api_key: str | None = None) -> Session:
         session_id = f"sess-{uuid.uuid4().hex}"
         key = api_key or f"polar-{secrets.token_urlsafe(24)}"
         if key in self._by_key:
             raise ValueError("api_key already belongs to a session")
-        path = self.record_dir / f"{session_id}.jsonl" if self.record_dir else None
-        session = Session(session_id, key, config, RecordWriter(path))
+        session = Session(session_id, key, config, RecordWriter(self._path(session_id)))
         self._by_id[session_id] = session
         self._by_key[key] = session
+        self.created += 1
         return session
 
     def get(self, session_id: str) -> Session | None:
+        """A live session; ``None`` once it is closed."""
         return self._by_id.get(session_id)
 
     def by_key(self, api_key: str) -> Session | None:
         session = self._by_key.get(api_key)
         return session if session is not None and not session.closed else None
 
-    def close(self, session_id: str) -> Session | None:
+    def records(self, session_id: str) -> list[CallRecord] | None:
+        """A session's call records, live or closed, or ``None`` for an unknown id. Reads the disk for a closed
+        session: call it off the event loop."""
         session = self._by_id.get(session_id)
         if session is not None:
-            session.closed = True
-            self._by_key.pop(session.api_key, None)
+            return list(session.records)
+        if session_id in self._closed:
+            return list(self._closed[session_id])
+        path = self._path(session_id) if SESSION_ID.match(session_id) else None
+        return read_records(path) if path is not None and path.exists() else None
+
+    def close(self, session_id: str) -> Session | ClosedSession | None:
+        """Close a session: its key stops working and it leaves memory. Closing a closed session answers what is
+        left of it; ``None`` for an unknown id."""
+        session = self._by_id.pop(session_id, None)
+        if session is None:
+            records = self.records(session_id)
+            return ClosedSession(session_id, records) if records is not None else None
+        session.closed = True
+        self._by_key.pop(session.api_key, None)
+        if session.writer.path is not None:
+            session.writer.path.touch()  # a session without calls is on disk too, so it stays known once closed
+        elif self.keep_closed > 0:
+            # The list itself, so a call still in flight when the session closed lands in it.
+            self._closed[session_id] = session.records
+            while len(self._closed) > self.keep_closed:
+                self._closed.popitem(last=False)
         return session
 
-    def __len__(self) -> int:
+    @property
+    def live(self) -> int:
+        """Sessions created and not yet closed."""
         return len(self._by_id)
+
+    def _path(self, session_id: str) -> Path | None:
+        return self.record_dir / f"{session_id}.jsonl" if self.record_dir else None
+
+    def __len__(self) -> int:
+        """Sessions created on this proxy, closed ones included (what /health reports)."""
+        return self.created

@@ -3,26 +3,34 @@
 Rewards follow the paper: 1.0 if resolved, else 0.0. What is trainable matters as much: an empty patch or one
 that does not apply is a real 0 (the policy produced it); a test-suite timeout, a test patch that does not apply
 or a sandbox failure is the infrastructure's fault and gets ``mask_sample`` (never trained on), with the reason.
+The policy is an adversary of this grader: what its patch does to the test infrastructure is undone before the
+tests run (guard.py), and only what the test runner itself reports is graded (testlog.py), so neither a hack nor
+a crash turns a 0 into a 1 or into a masked sample.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import shlex
 import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.runtime import Runtime, SandboxSpec, get_runtime
+from nemo_polar.env.runtime import ExecResult, Runtime, SandboxSpec, get_runtime
 from nemo_polar.env.workspace import prepare_workspace
+from nemo_polar.rewards import testlog
 from nemo_polar.rewards.instance import SWEInstance
 
-EVAL_SCRIPT = Path(__file__).with_name("eval.sh")
+HERE = Path(__file__).parent
+EVAL_FILES = [HERE / "eval.sh", HERE / "guard.py"]
 EVAL_MOUNT = "/polar/eval"
+EVAL_SLACK_S = 120.0  # beyond the tests' own budget: patches, the guard's scans of the tree, the setup command
 Status = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "tests_timeout", "infra_failure"]
 MASKED: set[str] = {"tests_timeout", "infra_failure"}
 
@@ -38,8 +46,36 @@ class GradeResult(BaseModel):
     pass_to_pass: float | None = Field(default=None, description="fraction of PASS_TO_PASS tests still passing")
     resolution: str | None = Field(default=None, description="RESOLVED_FULL | RESOLVED_PARTIAL | RESOLVED_NO")
     tests_status: dict | None = None
+    reverted_paths: list[str] = Field(
+        default_factory=list, description="what of the patch the guard undid: test files and test infrastructure"
+    )
     timings: dict[str, float] = Field(default_factory=dict)
     log_path: Path | None = None
+
+
+class GuardEvent(BaseModel):
+    """A message of eval.sh or guard.py: a line that starts with the grader's one-time tag."""
+
+    event: str
+    path: str | None = None
+    reason: str | None = None
+
+
+# Each ends the part of the evaluation that runs no repository code; no message after it is read.
+FINAL_EVENTS = {"ready", "snapshot_failed", "model_patch_failed", "git_tampered", "guard_failed", "test_patch_failed"}
+
+
+def guard_events(log: str, tag: str) -> tuple[list[GuardEvent], str]:
+    """The grader's own messages, up to the first final one, and the log after it."""
+    events: list[GuardEvent] = []
+    lines = log.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith(tag + " "):
+            event, _, payload = line[len(tag) + 1 :].strip().partition(" ")
+            events.append(GuardEvent(event=event, **(json.loads(payload) if payload else {})))
+            if event in FINAL_EVENTS:
+                return events, "".join(lines[i + 1 :])
+    return events, ""
 
 
 def _swebench():
@@ -56,12 +92,39 @@ def test_targets(instance: SWEInstance) -> list[str]:
     return list(dict.fromkeys([*files, *instance.test_files]))
 
 
+def swebench_report(instance: SWEInstance, model_patch: str, log: Path) -> dict[str, Any]:
+    """swebench's own ``get_eval_report`` for one instance's test log (with the per-test statuses)."""
+    grading, TestSpec = _swebench()
+    spec = TestSpec(
+        instance_id=instance.instance_id,
+        image=instance.image or "",
+        eval_script_list=[],
+        repo=instance.repo,
+        version=instance.version,
+        FAIL_TO_PASS=instance.FAIL_TO_PASS,
+        PASS_TO_PASS=instance.PASS_TO_PASS,
+        log_parser=instance.log_parser,
+        eval_type="pass_and_fail",
+    )
+    prediction = {"instance_id": instance.instance_id, "model_name_or_path": "nemo_polar", "model_patch": model_patch}
+    return grading.get_eval_report(spec, prediction, str(log), include_tests_status=True)[instance.instance_id]
+
+
 class Evaluator:
     """A fresh evaluation sandbox for one instance. ``prepare()`` can run while the agent works (prewarm);
     ``grade()`` then only applies the patch and runs the tests. One grade per evaluator."""
 
-    def __init__(self, instance: SWEInstance, runtime: str | Runtime = "bwrap", work_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        instance: SWEInstance,
+        runtime: str | Runtime = "bwrap",
+        work_dir: Path | None = None,
+        guard: bool = True,
+    ) -> None:
+        """``guard=False`` restores only the test patch's files, as SWE-bench does: for tests that prove a hack
+        the guard stops really works. Never for rewards."""
         self.instance = instance
+        self.guard = guard
         self.runtime = get_runtime(runtime) if isinstance(runtime, str) else runtime
         self._own_dir = work_dir is None
         base = work_dir or Path(tempfile.mkdtemp(prefix="polar-grade-"))
@@ -77,9 +140,11 @@ class Evaluator:
         prepare_workspace(inst.task(), d / "workspace")
         (eval_dir / "test.patch").write_text(inst.test_patch)
         (eval_dir / "test_files.txt").write_text("".join(f + "\n" for f in inst.test_files))
+        (eval_dir / "targets.txt").write_text("".join(f + "\n" for f in test_targets(inst)))
         (eval_dir / "setup.sh").write_text(inst.setup_command or "")
         (eval_dir / "test.sh").write_text(f"{inst.test_command} {shlex.join(test_targets(inst))}\n")
-        shutil.copy(EVAL_SCRIPT, eval_dir / "eval.sh")
+        for path in EVAL_FILES:
+            shutil.copy(path, eval_dir / path.name)
         mounts = {EVAL_MOUNT: eval_dir}
         if inst.python_env is not None:
             if not (inst.python_env / "bin" / "python").exists():
@@ -111,63 +176,81 @@ class Evaluator:
         if inst.python_env is not None:
             env["PATH"] = f"{inst.python_env}/bin:/usr/local/bin:/usr/bin:/bin"
             env["VIRTUAL_ENV"] = str(inst.python_env)
+        # Only eval.sh's first part, before any repository code runs, knows this tag: its messages carry it.
+        tag = f"polar-{secrets.token_hex(8)}"
+        env |= {"POLAR_TAG": tag, "POLAR_GUARD": "on" if self.guard else "off"}
         t0 = time.monotonic()
         done = self.runtime.exec(
             ["bash", f"{EVAL_MOUNT}/eval.sh"],
             env,
             cwd=None,
-            timeout=inst.test_timeout_s + 60,
+            timeout=inst.test_timeout_s + EVAL_SLACK_S,
             log_prefix=self.dir / "eval",
         )
-        timings = {"prepare_s": self.prepared_s or 0.0, "eval_s": time.monotonic() - t0}
-        log = done.stdout
-        result = self._judge(model_patch, log, done.timed_out, done.returncode)
-        result.timings, result.log_path = timings, log
+        events, after = guard_events(done.stdout.read_text(errors="replace"), tag)
+        result = self._judge_preparation(done, events) or self._judge_tests(model_patch, done, after)
+        result.reverted_paths = [e.path for e in events if e.event == "reverted" and e.path is not None]
+        result.timings = {"prepare_s": self.prepared_s or 0.0, "eval_s": time.monotonic() - t0}
+        result.log_path = done.stdout
         return result
 
-    def _judge(self, model_patch: str, log: Path, timed_out: bool, code: int | None) -> GradeResult:
-        inst = self.instance
-        grading, TestSpec = _swebench()
-        text = log.read_text(errors="replace")
-
-        def outcome(status: Status, reason: str | None = None, **kw: object) -> GradeResult:
-            resolved = status == "resolved"
-            return GradeResult(
-                instance_id=inst.instance_id,
-                reward=1.0 if resolved else 0.0,
-                resolved=resolved,
-                status=status,
-                mask_sample=status in MASKED,
-                reason=reason,
-                **kw,  # type: ignore[arg-type]
-            )
-
-        if timed_out or ">>>>> Tests Timed Out" in text:
-            return outcome("tests_timeout", f"the tests ran past {inst.test_timeout_s:.0f} s")
-        if "polar: model patch does not apply" in text:
-            return outcome("patch_failed", "the model patch does not apply (git apply, patch --fuzz=5)")
-        if "polar: test patch does not apply" in text:
-            return outcome("infra_failure", "the instance's test patch does not apply over the base")
-        if code != 0:
-            return outcome("infra_failure", f"evaluation sandbox exited {code}: {text[-500:]}")
-        spec = TestSpec(
-            instance_id=inst.instance_id,
-            image=inst.image or "",
-            eval_script_list=[],
-            repo=inst.repo,
-            version=inst.version,
-            FAIL_TO_PASS=inst.FAIL_TO_PASS,
-            PASS_TO_PASS=inst.PASS_TO_PASS,
-            log_parser=inst.log_parser,
-            eval_type="pass_and_fail",
+    def _outcome(self, status: Status, reason: str | None = None, **kw: object) -> GradeResult:
+        resolved = status == "resolved"
+        return GradeResult(
+            instance_id=self.instance.instance_id,
+            reward=1.0 if resolved else 0.0,
+            resolved=resolved,
+            status=status,
+            mask_sample=status in MASKED,
+            reason=reason,
+            **kw,  # type: ignore[arg-type]
         )
-        prediction = {"instance_id": inst.instance_id, "model_name_or_path": "nemo_polar", "model_patch": model_patch}
-        report = grading.get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
+
+    def _judge_preparation(self, run: ExecResult, events: list[GuardEvent]) -> GradeResult | None:
+        """The outcome when the tests did not get to run; None when they did."""
+        final = events[-1].event if events and events[-1].event in FINAL_EVENTS else None
+        if final == "ready":
+            return None
+        if final == "model_patch_failed":
+            return self._outcome("patch_failed", "the model patch does not apply (git apply, patch --fuzz=5)")
+        if final == "git_tampered":
+            return self._outcome("unresolved", f"the model patch writes into .git ({events[-1].path})")
+        if final == "guard_failed":  # only the patch can make it fail: not a way out of a 0
+            return self._outcome("unresolved", "the grading guard failed on what the model patch left (see the log)")
+        if final == "test_patch_failed":
+            return self._outcome("infra_failure", "the instance's test patch does not apply over the base")
+        tail = run.stdout.read_text(errors="replace")[-500:]
+        why = "timed out" if run.timed_out else f"exited {run.returncode}"
+        return self._outcome("infra_failure", f"evaluation sandbox {why} before the tests: {tail}")
+
+    def _judge_tests(self, model_patch: str, run: ExecResult, log: str) -> GradeResult:
+        """Grade what was printed after the preparation: the setup command's output, then the tests'."""
+        inst = self.instance
+        # A test command that exits 124 itself is no timeout: only a run that lasted the whole budget is.
+        if run.timed_out or (run.returncode in (124, 137) and run.duration_s >= inst.test_timeout_s):
+            return self._outcome("tests_timeout", f"the tests ran past {inst.test_timeout_s:.0f} s")
+        output = testlog.test_output(log)
+        if output is None:
+            return self._outcome("infra_failure", f"evaluation sandbox exited {run.returncode}: {log[-500:]}")
+        pytest = inst.log_parser in testlog.PYTEST_PARSERS
+        if pytest:
+            report_text = testlog.pytest_report(output)
+            if report_text is None:
+                why = "pytest printed no final summary line: it crashed, was killed or exited before reporting"
+                return self._outcome("unresolved", why)
+            output = report_text
+        graded = self.dir / "eval.graded.log"
+        graded.write_text(testlog.graded_log(output, run.returncode))
+        grading, _ = _swebench()
+        report = swebench_report(inst, model_patch, graded)
         if not report["patch_successfully_applied"]:
             why = report.get("infra_failure_reason") or "no parseable test output"
-            return outcome("infra_failure", f"swebench could not grade the log: {why}")
+            if pytest:  # pytest finished its run: whatever it reported is the patch's doing
+                why = f"pytest's report holds no consistent results ({why}, exit {run.returncode})"
+                return self._outcome("unresolved", why)
+            return self._outcome("infra_failure", f"swebench could not grade the log: {why}")
         tests = report["tests_status"]
-        return outcome(
+        return self._outcome(
             "resolved" if report["resolved"] else "unresolved",
             fail_to_pass=grading.compute_fail_to_pass(tests),
             pass_to_pass=grading.compute_pass_to_pass(tests),

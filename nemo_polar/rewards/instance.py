@@ -142,7 +142,9 @@ def select_instances(
 
 # -- bundled instances: examples/tasks/swe/<id>/{task.yaml, repo/, gold.patch, test.patch} --------------------------
 def bundled_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples" / "tasks" / "swe"
+    from nemo_polar.paths import bundled_tasks_dir
+
+    return bundled_tasks_dir()
 
 
 def load_bundled(task_dir: Path) -> SWEInstance:

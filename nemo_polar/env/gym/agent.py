@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import httpx
 from fastapi import Body, FastAPI, HTTPException
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
@@ -40,10 +41,11 @@ from nemo_polar.env.gym.envs import PolarEnvSpec, UnknownEnv, get_env
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import ProxyClient, SessionResult
+from nemo_polar.env.session import SessionResult, close_quietly
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.records import read_records
-from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
+from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.records import CallRecord, read_records
+from nemo_polar.reconstruct.builders import BuildResult, per_request, prefix_merging
 from nemo_polar.reconstruct.io import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.instance import SWEInstance
@@ -72,7 +74,10 @@ class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     openai_base_url: str | list[str] | None = Field(
         default=None, description="the policy engine(s) (vLLM); one in-process proxy is started per engine"
     )
-    proxy_url: str | None = Field(default=None, description="a running `polar proxy`; used instead of engines")
+    proxy_url: str | None = Field(
+        default=None, description="a running `polar proxy`'s model API; used instead of engines"
+    )
+    proxy_admin_url: str | None = Field(default=None, description="that proxy's admin API (its own listener)")
     proxy_admin_token: str | None = None
     work_dir: Path | None = Field(default=None, description="session directories; default <cache>/gym")
     keep_sessions: bool = Field(default=True, description="keep each session directory (records, patch, logs)")
@@ -108,6 +113,8 @@ class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     def _has_policy(self) -> PolarAgentConfig:
         if not self.proxy_url and not self.openai_base_url:
             raise ValueError("set proxy_url (a running polar proxy) or openai_base_url (the policy engine)")
+        if self.proxy_url and not self.proxy_admin_url:
+            raise ValueError("proxy_url needs proxy_admin_url: the proxy's admin API is a separate listener")
         return self
 
     def engine_urls(self) -> list[str]:
@@ -125,8 +132,20 @@ class PolarRunRequest(BaseRunRequest):
 
 
 class PolarVerifyResponse(BaseVerifyResponse):
-    """The verify response plus the episode's metrics (top-level, so Gym's aggregate metrics see them)."""
+    """The verify response plus the episode's metrics (top-level, so Gym's aggregate metrics see them).
 
+    The mask is declared here, not inherited: nemo-gym 0.5.1 (NeMo-RL's Gym) has no ``mask_sample`` on
+    ``BaseVerifyResponse`` and pydantic would drop it. NeMo-RL reads it from ``instance_config``
+    (``nemo_rl/experience/rollouts.py::_extract_mask_sample_flags`` at NVIDIA-NeMo/RL 7ea279ab), Gym 0.7.0's own
+    consumers from the top level, so it is carried in both places.
+    """
+
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    instance_config: dict[str, Any] = Field(
+        default_factory=dict, description="mask_sample, failure_kind, failure_reason where NeMo-RL reads them"
+    )
     instance_id: str
     polar_env: str
     harness: str
@@ -291,17 +310,29 @@ class PolarAgent(SimpleResponsesAPIAgent):
             metrics["timings"] = {"episode_s": time.monotonic() - t0}
             kind = {"failed": "polar:episode_error", "cancelled": "polar:cancelled"}.get(outcome.status)
             reason = outcome.reason or outcome.status
-            return self._respond(body, [], 0.0, kind or "polar:session_budget", reason, metrics)
+            records = session_dir / "records.jsonl"
+            done = read_records(records) if records.exists() else []
+            return self._respond(body, [], 0.0, kind or "polar:session_budget", reason, metrics, done)
         session = SessionResult.model_validate_json(saved.read_text())
         records = session_dir / "records.jsonl"
         session.records = read_records(records) if records.exists() else []
         if outcome.grade is None and session.status == "completed":  # evaluation itself failed
             metrics["timings"] = {"episode_s": time.monotonic() - t0}
-            return self._respond(body, [], 0.0, "verifier_error", outcome.reason or "not graded", metrics)
-        return self._result(body, Episode(session=session, grade=outcome.grade), session_dir, metrics, t0)
+            reason = outcome.reason or "not graded"
+            return self._respond(body, [], 0.0, "verifier_error", reason, metrics, session.records)
+        episode = Episode(session=session, grade=outcome.grade)
+        # The gateway's own mask (e.g. cross_version: mask) holds even where the agent's checks would pass.
+        gateway_mask = outcome.reason if outcome.mask_sample else None
+        return self._result(body, episode, session_dir, metrics, t0, gateway_mask)
 
     def _result(
-        self, body: PolarRunRequest, episode: Episode, session_dir: Path, metrics: dict[str, Any], t0: float
+        self,
+        body: PolarRunRequest,
+        episode: Episode,
+        session_dir: Path,
+        metrics: dict[str, Any],
+        t0: float,
+        gateway_mask: str | None = None,
     ) -> PolarVerifyResponse:
         t1 = time.monotonic()
         session, grade = episode.session, episode.grade
@@ -319,11 +350,13 @@ class PolarAgent(SimpleResponsesAPIAgent):
             "reconstruct_s": time.monotonic() - t1,
         }
         kind, reason = _mask(episode, main, delivered, build, self.config.mask_main_chain_breaks)
+        if kind is None and gateway_mask is not None:
+            kind, reason = "polar:gateway_mask", gateway_mask
         reward = grade.reward if grade is not None and not grade.mask_sample else 0.0
         if not self.config.keep_sessions:
             shutil.rmtree(session_dir, ignore_errors=True)
             metrics["session_dir"] = None
-        return self._respond(body, items, reward, kind, reason, metrics)
+        return self._respond(body, items, reward, kind, reason, metrics, session.records)
 
     def _respond(
         self,
@@ -333,7 +366,10 @@ class PolarAgent(SimpleResponsesAPIAgent):
         failure_kind: str | None,
         failure_reason: str | None,
         metrics: dict[str, Any],
+        records: list[CallRecord] | None = None,
     ) -> PolarVerifyResponse:
+        if failure_kind is not None and not any(i.get("generation_token_ids") for i in items):
+            items = self._generation_items(body, records or [])
         output = [NeMoGymResponseOutputMessageForTraining.model_validate(item) for item in items]
         response = NeMoGymResponse(
             id=f"resp_{metrics.get('session_id') or uuid.uuid4().hex}",
@@ -352,22 +388,68 @@ class PolarAgent(SimpleResponsesAPIAgent):
             mask_sample=failure_kind is not None,
             failure_kind=failure_kind,
             failure_reason=failure_reason,
+            instance_config={
+                "mask_sample": failure_kind is not None,
+                "failure_kind": failure_kind,
+                "failure_reason": failure_reason,
+            },
             **metrics,
         )
+
+    def _generation_items(self, body: PolarRunRequest, records: list[CallRecord]) -> list[dict[str, Any]]:
+        """Real generation data for a masked result. NeMo-RL raises on a result without any ("NeMo Gym returned a
+        result with no generation data", ``nemo_rl/environments/nemo_gym.py`` at 7ea279ab) and nothing catches it,
+        so one failed episode would end the batch; with an item it is masked instead. The item is the first call the
+        engine completed in the episode or, when none was made, one minimal engine call for the row's prompt."""
+        first = next((r for r in records if r.complete and r.sampled_token_ids), None) or self._probe_call(body)
+        if first is None:  # the engine itself is unreachable: nothing real to send
+            return []
+        [trace] = per_request([first]).traces
+        return gym_output_items(trace, {first.call_id: first})
+
+    def _probe_call(self, body: PolarRunRequest) -> CallRecord | None:
+        """One token for the row's prompt through a proxy session (so it is recorded like any call), or None."""
+        params = body.responses_create_params.model_dump(exclude_none=True)
+        request = {"model": self.config.model, "messages": [{"role": "user", "content": instruction(params)}]}
+        try:
+            proxy = self._proxy_client()
+            session_id, key = proxy.create_session(
+                {"sampling_overrides": {"max_tokens": 1}, "metadata": {"gym_agent": self.config.name, "probe": True}}
+            )
+        except (ConnectionError, RuntimeError, OSError):
+            return None
+        try:
+            httpx.post(
+                f"{proxy.url}/v1/chat/completions",
+                json=request,
+                headers={"authorization": f"Bearer {key}"},
+                timeout=120,
+            )
+            records = proxy.records(session_id)
+        except (httpx.HTTPError, ConnectionError, RuntimeError):
+            return None
+        finally:
+            close_quietly(proxy, session_id)
+        return next((r for r in records if r.complete and r.sampled_token_ids), None)
 
     # -- the proxy the CLI talks to -----------------------------------------------------------------------------
     def _proxy_client(self) -> ProxyClient:
         if self.config.proxy_url:
-            return ProxyClient(url=self.config.proxy_url, admin_token=self.config.proxy_admin_token)
+            assert self.config.proxy_admin_url is not None
+            return ProxyClient(
+                url=self.config.proxy_url,
+                admin_url=self.config.proxy_admin_url,
+                admin_token=self.config.proxy_admin_token,
+            )
         with self._lock:
             if not self._proxies:
                 self._start_proxies()
             server = self._proxies[next(self._turn) % len(self._proxies)]
-        return ProxyClient(url=server.url)
+        return server.client()
 
     def _start_proxies(self) -> None:
-        from nemo_polar.proxy.app import ProxyConfig, create_app
-        from nemo_polar.proxy.serve import BackgroundServer
+        from nemo_polar.proxy.app import ProxyConfig
+        from nemo_polar.proxy.serve import ProxyServer
 
         record_dir = (self.config.work_dir or cache_dir() / "gym") / "records"
         aliases = list(dict.fromkeys([self.config.model, "local-model"]))  # run_session names its model local-model
@@ -376,8 +458,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
             config = ProxyConfig(
                 engine_url=url, record_dir=record_dir, model_aliases=aliases, served_model=self.config.model
             )
-            app = create_app(config)
-            self._proxies.append(BackgroundServer(app).__enter__())
+            self._proxies.append(ProxyServer(config).__enter__())
 
     def _gateway(self, state_dir: Path) -> GatewayThread:
         default_proxy = self._proxy_client()  # before the lock: it takes the lock itself

@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
+from nemo_polar.paths import conf_dir
+
 
 class PolarEnvSpec(BaseModel):
     name: str
@@ -22,8 +24,6 @@ class UnknownEnv(ValueError):
 
 
 def env_dir() -> Path:
-    from nemo_polar.env.rollout import conf_dir
-
     return conf_dir() / "env"
 
 

@@ -31,7 +31,8 @@ class SandboxSpec(BaseModel):
     home: Path = Field(description="host directory used as the harness's HOME; writable inside")
     run_dir: Path = Field(description="host directory for sockets and generated files")
     proxy_url: str | None = Field(
-        description="the proxy as the host reaches it, e.g. http://127.0.0.1:8000; None: no route out at all (grading)"
+        description="the proxy's model API (never its admin listener) as the host reaches it, e.g. "
+        "http://127.0.0.1:8000; None: no route out at all (grading)"
     )
     mounts: dict[str, Path] = Field(default_factory=dict, description="read-only: path inside -> host path")
 

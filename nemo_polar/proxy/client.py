@@ -1,0 +1,62 @@
+"""The proxy as its operators use it: where harnesses reach the model API, and the admin API behind its token.
+
+``url`` is the model listener (the provider APIs; the only address a sandbox's relay forwards to), ``admin_url`` the
+control listener (sessions, records, weight sync, metrics). They are separate listeners so that nothing an agent can
+send from inside a sandbox reaches a control route.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from nemo_polar.proxy.records import CallRecord
+
+
+@functools.cache
+def _http() -> httpx.Client:
+    """One pooled client per process for every admin call: a client per call costs ~30 ms of CPU (its TLS context),
+    more than a lightweight session itself. Module-level, so a ProxyClient stays a plain picklable model (Ray)."""
+    return httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+
+class ProxyClient(BaseModel):
+    url: str = Field(description="the model API (what harnesses call), as the host reaches it")
+    admin_url: str = Field(description="the admin API: sessions, records, pause/resume, metrics")
+    admin_token: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            kw.setdefault("timeout", 30)
+            resp = _http().request(method, f"{self.admin_url}{path}", headers=self._headers(), **kw)
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"proxy admin API at {self.admin_url} is unreachable: {exc}") from None
+        if resp.status_code >= 400:
+            raise RuntimeError(f"proxy {method} {path} -> {resp.status_code}: {resp.text[:500]}")
+        return resp.json()
+
+    def create_session(self, config: dict[str, Any]) -> tuple[str, str]:
+        made = self._call("POST", "/polar/sessions", json=config)
+        return made["session_id"], made["api_key"]
+
+    def records(self, session_id: str) -> list[CallRecord]:
+        return [CallRecord.model_validate(r) for r in self._call("GET", f"/polar/sessions/{session_id}/records")]
+
+    def close(self, session_id: str) -> None:
+        self._call("DELETE", f"/polar/sessions/{session_id}")
+
+    def health(self) -> dict[str, Any]:
+        """The admin listener's health: sessions, paused, policy version, in-flight generations."""
+        return self._call("GET", "/health")
+
+    def pause(self, timeout_s: float) -> dict[str, Any]:
+        return self._call("POST", "/polar/pause", json={"timeout_s": timeout_s}, timeout=timeout_s + 30)
+
+    def resume(self, policy_version: int | None = None) -> dict[str, Any]:
+        return self._call("POST", "/polar/resume", json={"policy_version": policy_version})

@@ -1,0 +1,54 @@
+"""What of a test run's output gets graded.
+
+The code under test shares stdout with the test runner: it can print lines that read as results (swebench's
+pytest parsers take the last status line per test anywhere in the log) or as the eval script's markers
+(``>>>>> Tests Timed Out`` would mask the sample). So the markers are the grader's own, never read from the
+output, and for pytest logs only pytest's final report is graded: the short test summary section up to pytest's
+final ``N passed, M failed in Xs`` line. What is printed after that line (an atexit handler) is not read, and a
+run that never printed one (it crashed, was killed or called ``os._exit``) has no results at all.
+"""
+
+from __future__ import annotations
+
+import re
+
+# swebench.harness.constants' log markers, spelled out: importing swebench takes seconds (tests check they match).
+START_TEST_OUTPUT = ">>>>> Start Test Output"
+END_TEST_OUTPUT = ">>>>> End Test Output"
+TEST_EXIT_CODE = ">>>>> Test Exit Code"
+MARKER = ">>>>>"
+PYTEST_PARSERS = frozenset({"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
+SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
+# pytest's last line, e.g. "==== 1 failed, 3 passed, 1 warning in 0.12s ====", "no tests ran in 0.01s" (-q: no
+# rules), "... in 61.20s (0:01:01)", and before pytest 5.4 "... in 0.12 seconds".
+FINAL_LINE = re.compile(
+    r"^(?:=+ )?(?:no tests ran|\d+ \w+(?:, \d+ \w+)*) in \d+(?:\.\d+)?\s?s(?:econds)?(?: \([\d:]+\))?(?: =+)?$"
+)
+
+
+def test_output(log: str) -> str | None:
+    """What the test command printed: the text after the eval script's start marker, with every line that looks
+    like one of its markers dropped. None if the tests never started."""
+    if START_TEST_OUTPUT not in log:
+        return None
+    output = log.split(START_TEST_OUTPUT, 1)[1]
+    return "\n".join(line for line in output.splitlines() if not line.startswith(MARKER))
+
+
+def pytest_report(output: str) -> str | None:
+    """pytest's own final report: from the last short-test-summary header before its final line (from the start
+    when the command shows no summary) to that line. None when pytest did not finish its run."""
+    lines = output.splitlines()
+    ends = [i for i, line in enumerate(lines) if FINAL_LINE.match(line.strip())]
+    if not ends:
+        return None
+    end = ends[-1]
+    headers = [i for i in range(end) if SUMMARY_HEADER.match(lines[i].strip())]
+    start = headers[-1] + 1 if headers else 0
+    return "\n".join(lines[start : end + 1])
+
+
+def graded_log(output: str, exit_code: int | None) -> str:
+    """A log in the shape swebench's ``get_eval_report`` reads: the graded output between its markers, and the
+    test command's exit status as the sandbox reported it."""
+    return f"{START_TEST_OUTPUT}\n{output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {exit_code}\n"
