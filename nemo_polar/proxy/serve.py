@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -70,15 +69,16 @@ class ProxyServer:
 
     def __init__(
         self,
-        config: ProxyConfig | ProxyApps,
+        config: ProxyConfig,
         host: str = "127.0.0.1",
         port: int | None = None,
         admin_port: int | None = None,
         *,
         log_level: str = "warning",
-        **create: Any,
+        api_key: str | None = None,
     ) -> None:
-        self.apps = config if isinstance(config, ProxyApps) else create_apps(config, **create)
+        """``api_key`` pre-creates one session with that key (see :func:`create_apps`)."""
+        self.apps: ProxyApps = create_apps(config, api_key=api_key)
         self.host, self.port = host, port or free_port()
         self.admin_port = admin_port or free_port()
         if self.admin_port == self.port:
