@@ -64,6 +64,7 @@ gym: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 test: setup lint
 	$(BIN)/pytest -q

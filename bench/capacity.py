@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from bench.common import engine, proxy
-from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import GatewayConfig, SessionRequest
+from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_seconds, engine, proxy
-from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
+from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 

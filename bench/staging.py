@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from bench.common import engine
-from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest, _Job
+from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest
 from nemo_polar.env.session import SessionResult
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
@@ -87,15 +89,17 @@ class SimulatedGateway(Gateway):
 
     work: Workload
 
-    def _prepare(self, job: _Job) -> _Graded:  # type: ignore[override]
+    def prepare(self, request: SessionRequest, attempt: AttemptDir) -> _Graded:
         self.work.init()
         return _Graded(self.work)
 
-    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
+    def run_harness(
+        self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
+    ) -> SessionResult:
         self.work.run()
         return SessionResult(
-            session_id=job.request.request_id, harness="sim", harness_version="0", runtime="sim",
-            instance_id="sim", status="completed", exit_code=0, session_dir=job.dir,
+            session_id=request.request_id, harness="sim", harness_version="0", runtime="sim",
+            instance_id="sim", status="completed", exit_code=0, session_dir=attempt.root,
         )  # fmt: skip
 
 

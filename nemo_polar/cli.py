@@ -73,7 +73,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     from nemo_polar.reconstruct.audit import audit
     from nemo_polar.reconstruct.builders import per_request, prefix_merging
     from nemo_polar.reconstruct.export import export
-    from nemo_polar.reconstruct.io import load_records, recompute_logprobs
+    from nemo_polar.reconstruct.io import load_records
+    from nemo_polar.reconstruct.recompute import recompute_logprobs
 
     build = prefix_merging if args.builder == "prefix_merging" else per_request
     traces, failed, stats, by_id = [], 0, [], {}
@@ -130,10 +131,10 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from nemo_polar.env.collect import PolarEnvConfig
     from nemo_polar.env.generate import generate
-    from nemo_polar.env.gym.envs import UnknownEnv
+    from nemo_polar.env.polar_env import PolarEnvConfig
     from nemo_polar.env.rollout import serve_proxy
+    from nemo_polar.env.specs import UnknownEnv
     from nemo_polar.progress import attempts_progress
     from nemo_polar.rewards.instance import select_instances
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.gym import ENVIRONMENTS
+from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.rollout import serve_proxy
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit

@@ -5,14 +5,14 @@
 #     firewall is left alone (log and pid file under $POLAR_CACHE/docker). A daemon that already runs is used as
 #     it is: the runtime's containers have network_mode none whatever the daemon's defaults;
 #  3. a Debian bookworm minbase rootfs, debootstrapped once into a cached tarball and `docker import`ed;
-#  4. the runtime image on top of it (nemo_polar/env/runtime/Dockerfile), rebuilt when that file changes.
+#  4. the runtime image on top of it (nemo_polar/sandbox/Dockerfile), rebuilt when that file changes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${POLAR_CACHE:-$HOME/.cache/nemo_polar}/docker
 IMAGE=${POLAR_DOCKER_IMAGE:-nemo-polar/runtime:1}
 BASE=nemo-polar/bookworm-minbase:1
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-DOCKERFILE=$ROOT/nemo_polar/env/runtime/Dockerfile
+DOCKERFILE=$ROOT/nemo_polar/sandbox/Dockerfile
 mkdir -p "$CACHE"
 
 missing=()

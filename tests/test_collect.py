@@ -12,9 +12,12 @@ import datasets
 import pytest
 
 from nemo_polar.cli import main
-from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.env.generate import generate
+from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.env.rollout import compose
+from nemo_polar.env.rollout import env_config as rollout_env_config
+from nemo_polar.env.specs import EnvOverrides, resolve_env
+from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.instance import SWEInstance
 from tests.conftest import ProxyHandle
@@ -100,6 +103,33 @@ def test_rollout_composes_builder_and_dataset_groups() -> None:
     assert (cfg.env.harness, cfg.dataset.path, cfg.n_samples) == ("codex", "bundled", 4)
     assert cfg.builder.name == "per_request"
     assert compose([]).get("dataset") is None and compose([]).builder.name == "prefix_merging"
+
+
+def test_the_composed_rollout_config_is_a_polar_env_config(tmp_path: Path) -> None:
+    """conf/rollout.yaml is shaped like PolarEnvConfig: validated as composed, with no mapping by hand, and env
+    overrides merge through the one resolver (as the Gym agent's and PolarEnvConfig's own do)."""
+    proxy = ProxyClient(url="http://127.0.0.1:1", admin_url="http://127.0.0.1:2")
+    overrides = [
+        "env=polar_codex", "dataset=bundled", "builder=per_request", "builder.mask_truncated=true", "timeout=42",
+        "runtime=docker", "early_stop=2", "+harness_options.reasoning_effort=low", "+session.metadata.tag=x",
+        "env.session.mode=chat", "gateway.cross_version=mask",
+    ]  # fmt: skip
+    config = rollout_env_config(compose(overrides), proxy, tmp_path)
+    spec = config.spec()
+    assert (spec.name, config.runtime, config.scripted, config.early_stop) == ("polar_codex", "docker", True, 2)
+    assert config.builder == "per_request" and config.builder_config.mask_truncated
+    gateway = config.gateway_config()
+    assert (gateway.agent_budget_s, gateway.cross_version, gateway.runtime) == (42.0, "mask", "docker")
+    assert spec.harness == "codex" and spec.harness_options["reasoning_effort"] == "low"
+    assert spec.session["mode"] == "chat" and spec.session["metadata"] == {"tag": "x"}
+    assert spec == resolve_env(
+        "polar_codex",
+        EnvOverrides(harness_options={"reasoning_effort": "low"}, session={"mode": "chat", "metadata": {"tag": "x"}}),
+    )
+    with pytest.raises(ValueError, match="unknown harness 'vim'"):
+        resolve_env("polar_codex", EnvOverrides(harness="vim"))
+    with pytest.raises(ValueError, match="invalid session config"):
+        resolve_env("polar_codex", EnvOverrides(session={"mode": "telepathy"}))
 
 
 def test_polar_rollout_runs_a_dataset(proxy: ProxyHandle, engine_url: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -22,12 +22,12 @@ import pytest
 from pydantic import Field
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.runtime import get_runtime
-from nemo_polar.env.runtime.base import PROXY_PORT
 from nemo_polar.env.script import Final, Shell
 from nemo_polar.env.session import run_session
-from nemo_polar.env.workspace import Task
 from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.sandbox import get_runtime
+from nemo_polar.sandbox.base import PROXY_PORT
+from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ProxyHandle, make_proxy
 from tests.test_harness import PAPER_HARNESSES
 
@@ -259,7 +259,7 @@ def test_run_session_closes_its_proxy_session_on_every_exit(
     fails_in: str, engine_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A key left valid after the runner moved on is a key something left in the sandbox could still use."""
-    from nemo_polar.env.runtime.bwrap import BwrapRuntime
+    from nemo_polar.sandbox.bwrap import BwrapRuntime
 
     harness = get_harness("pi")
     if fails_in == "launch":

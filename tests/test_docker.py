@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.engine.launcher import free_port
-from nemo_polar.env.runtime import RuntimeUnavailable, get_runtime
-from nemo_polar.env.runtime.base import PROXY_PORT, PROXY_UNREACHABLE
-from nemo_polar.env.runtime.docker import LABEL, DockerRuntime, docker_client
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.sandbox import RuntimeUnavailable, get_runtime
+from nemo_polar.sandbox.base import PROXY_PORT, PROXY_UNREACHABLE
+from nemo_polar.sandbox.docker import LABEL, DockerRuntime, docker_client
 from tests.conftest import ProxyHandle
 from tests.test_harness import EXPECTED_PATCH, PAPER_HARNESSES, check_egress_audit, make_spec, requests_text, run
 

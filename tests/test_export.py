@@ -24,9 +24,9 @@ from nemo_polar.reconstruct.export import (
     write_jsonl,
     write_parquet,
 )
-from nemo_polar.reconstruct.io import check_contiguous
-from nemo_polar.reconstruct.rewards import assign
+from nemo_polar.reconstruct.gym import check_contiguous
 from nemo_polar.reconstruct.trace import Trace
+from nemo_polar.rewards.advantages import assign
 from tests.conftest import load_fixture
 
 EOT = 151645

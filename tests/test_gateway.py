@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from nemo_polar.env.chat_loop import ChatLoopGateway
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
+from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.serve import BackgroundServer
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
@@ -238,10 +238,10 @@ def test_a_group_is_dropped_once_it_has_no_live_job(proxy: ProxyHandle, tmp_path
 
 def test_a_reconstruction_failure_is_masked_and_the_worker_lives_on(proxy: ProxyHandle, tmp_path: Path) -> None:
     class Broken(ChatLoopGateway):
-        def _with_traces(self, outcome, session, grade):  # type: ignore[no-untyped-def]
-            if outcome.request_id == "bad":
+        def conclude(self, request, attempt, session, grade, grade_error):  # type: ignore[no-untyped-def]
+            if request.request_id == "bad":
                 raise ValueError("no trace")
-            return super()._with_traces(outcome, session, grade)
+            return super().conclude(request, attempt, session, grade, grade_error)
 
     async def scenario() -> list[SessionOutcome]:
         config = GatewayConfig(state_dir=tmp_path / "state", post_workers=1)

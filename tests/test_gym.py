@@ -30,6 +30,7 @@ from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.agent import PolarAgent, PolarAgentConfig
 from nemo_polar.env.gym.rows import example_rows, instance_from_row
+from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
 
@@ -284,7 +285,7 @@ def test_an_episode_that_raises_is_a_masked_sample_not_a_500(tmp_path: Path) -> 
     resp = TestClient(agent.setup_webserver()).post("/run", json=row_for("polar_codex", "polar__lrucache-1"))
     assert resp.status_code == 200, resp.text
     result = resp.json()
-    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:episode_error")
+    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:run_failed")
     assert result["failure_reason"] == "RuntimeError: sandbox runtime unavailable"
     assert result["response"]["output"] == []
     assert seen["harness"] == "codex" and seen["instance"] == "polar__lrucache-1"
@@ -385,7 +386,7 @@ def test_a_grading_timeout_is_masked_but_still_well_formed(records_proxy: ProxyH
     row = {**row, "test_timeout_s": 3, "script": [hang, {"kind": "final", "text": "done"}]}
     result = _run(records_proxy, "polar_pi", row, tmp_path)
     assert result["grade_status"] == "tests_timeout"
-    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:tests_timeout")
+    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:grade_tests_timeout")
     assert "3 s" in result["failure_reason"]
     assert nemo_rl_sample(result)["loss_multiplier"] == 0.0
     assert nemo_rl_sample(result, mask_flagged_samples=False)["loss_multiplier"] == 1.0
@@ -445,12 +446,12 @@ def test_a_session_that_cannot_be_prepared_is_masked_with_the_reason(tmp_path: P
         resp = client.post("/run", json=row)
     assert resp.status_code == 200, resp.text
     result = resp.json()
-    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:episode_error")
+    assert (result["mask_sample"], result["reward"], result["failure_kind"]) == (True, 0.0, "polar:init_failed")
     assert result["failure_reason"].startswith("init failed") and "0000000" in result["failure_reason"]
     assert result["response"]["output"] == [] and "run" not in result["stage_times"]
     assert result["instance_config"] == {
         "mask_sample": True,
-        "failure_kind": "polar:episode_error",
+        "failure_kind": "polar:init_failed",
         "failure_reason": result["failure_reason"],
     }
 
@@ -470,7 +471,7 @@ def test_a_batch_with_a_masked_row_goes_through_nemo_rls_post_processing(engine_
     assert [r["reward"] for r in results] == [0.0, 1.0, 1.0, 1.0]
     masked = results[0]
     assert masked["instance_config"]["mask_sample"] and masked["mask_sample"]
-    assert masked["failure_kind"] == "polar:episode_error" and masked["failure_reason"].startswith("init failed")
+    assert masked["failure_kind"] == "polar:init_failed" and masked["failure_reason"].startswith("init failed")
     [item] = [i for i in masked["response"]["output"] if i.get("generation_token_ids")]
     assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) == 1
     assert item["prompt_token_ids"]  # the row's prompt as the engine saw it
@@ -485,16 +486,17 @@ def test_the_gateways_own_mask_reaches_the_result(
     session) is the result's mask too, though the session, the grade and the main chain are all fine."""
     from nemo_polar.env.gateway import Gateway
 
-    with_traces = Gateway._with_traces
+    conclude = Gateway.conclude
 
-    def spanning(self, outcome, session, grade):  # type: ignore[no-untyped-def]
-        outcome = with_traces(self, outcome, session, grade)
-        outcome.mask_sample, outcome.reason = True, "calls span policy versions [1, 2]"
-        return outcome
+    def spanning(self, *args):  # type: ignore[no-untyped-def]
+        episode = conclude(self, *args)
+        assert episode.verdict.trainable  # only the gateway's own policy masks it
+        episode.verdict = Verdict(kind="cross_version", reason="calls span policy versions [1, 2]", reward=1.0)
+        return episode
 
-    monkeypatch.setattr(Gateway, "_with_traces", spanning)
+    monkeypatch.setattr(Gateway, "conclude", spanning)
     result = _run(records_proxy, "polar_pi", row_for("polar_pi", "polar__textstats-1"), tmp_path)
     assert result["grade_status"] == "resolved" and result["response"]["output"]
-    assert result["instance_config"]["mask_sample"] and result["failure_kind"] == "polar:gateway_mask"
+    assert result["instance_config"]["mask_sample"] and result["failure_kind"] == "polar:cross_version"
     assert result["failure_reason"] == "calls span policy versions [1, 2]"
     assert nemo_rl_sample(result)["loss_multiplier"] == 0.0

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.runtime import SandboxSpec, get_runtime
 from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
 from nemo_polar.env.session import SessionResult, run_session
-from nemo_polar.env.workspace import Task
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.export import sft_rows
-from nemo_polar.reconstruct.io import check_contiguous, gym_output_items, recompute_logprobs
+from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
+from nemo_polar.reconstruct.recompute import recompute_logprobs
+from nemo_polar.sandbox import SandboxSpec, get_runtime
+from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ProxyHandle
 
 pytestmark = pytest.mark.engine
@@ -211,7 +212,7 @@ def test_unreachable_proxy_fails_fast(tmp_path: Path) -> None:
 
 def test_missing_cli_and_runtime_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from nemo_polar.env.harness import HarnessMissing
-    from nemo_polar.env.runtime import RuntimeUnavailable, SandboxSpec
+    from nemo_polar.sandbox import RuntimeUnavailable, SandboxSpec
 
     monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(HarnessMissing, match="make setup"):
@@ -230,7 +231,7 @@ def test_workspace_has_no_other_commits(tmp_path: Path) -> None:
     """A git task repository is flattened to its base commit: later commits (the fix) are unreachable."""
     import subprocess
 
-    from nemo_polar.env.workspace import git, prepare_workspace
+    from nemo_polar.sandbox.workspace import git, prepare_workspace
 
     repo = tmp_path / "repo"
     shutil.copytree(TASK_REPO, repo)
@@ -248,7 +249,7 @@ def test_workspace_has_no_other_commits(tmp_path: Path) -> None:
 
 def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     from nemo_polar.engine.launcher import free_port
-    from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
+    from nemo_polar.sandbox.base import PROXY_UNREACHABLE
 
     spec = make_spec(tmp_path, f"http://127.0.0.1:{free_port()}")
     with get_runtime("bwrap") as rt:

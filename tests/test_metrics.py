@@ -18,13 +18,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nemo_polar.env.chat_loop import ChatLoopGateway, InstantGrade
-from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest, _Job
-from nemo_polar.env.gateway_metrics import reason_kind
+from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
+from nemo_polar.env.gateway.testing import ChatLoopGateway, InstantGrade
 from nemo_polar.env.session import SessionResult
 from nemo_polar.proxy.metrics import failure_reason
 from nemo_polar.rewards import bundled_instances
-from nemo_polar.rewards.grader import GradeResult
 from tests.conftest import ProxyHandle, make_proxy
 
 HOLD_S = 0.6
@@ -178,19 +177,21 @@ class LightGateway(ChatLoopGateway):
 
     gate: threading.Event
 
-    def _prepare(self, job: _Job) -> InstantGrade:  # type: ignore[override]
-        if job.request.harness == "broken":
+    def prepare(self, request: SessionRequest, attempt: AttemptDir) -> InstantGrade:
+        if request.harness == "broken":
             raise RuntimeError("no workspace")
-        return super()._prepare(job)
+        return super().prepare(request, attempt)
 
-    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        if job.request.harness == "timeout":
+    def run_harness(
+        self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
+    ) -> SessionResult:
+        if request.harness == "timeout":
             return SessionResult(
-                session_id=job.request.request_id, harness="light", harness_version="0", runtime="none",
-                instance_id="m", status="timeout", exit_code=None, session_dir=job.dir,
+                session_id=request.request_id, harness="light", harness_version="0", runtime="none",
+                instance_id="m", status="timeout", exit_code=None, session_dir=attempt.root,
             )  # fmt: skip
-        result = super()._run_harness(job, budget)
-        if job.request.harness == "gated":
+        result = super().run_harness(request, attempt, budget, cancel)
+        if request.harness == "gated":
             assert self.gate.wait(60), "the test never opened the gate"
         return result
 
@@ -240,7 +241,7 @@ def test_gateway_metrics_over_real_sessions(fresh: tuple[ProxyHandle, float], tm
             return busy, after_cancel, await _scrape_app(gw), outcomes
 
     busy, after_cancel, final, outcomes = asyncio.run(scenario())
-    assert [reason_kind(o) for o in outcomes] == ["trainable", "trainable", "timeout", "cancelled", "init_failed"]
+    assert [o.verdict.kind for o in outcomes] == ["trainable", "trainable", "timeout", "cancelled", "init_failed"]
     assert _depths(busy) == {"queued": 2, "init": 0, "ready": 2, "run": 1, "postrun": 0}
     assert _depths(after_cancel)["queued"] == 1
     assert set(_depths(final).values()) == {0}
@@ -266,31 +267,3 @@ def test_gateway_metrics_over_real_sessions(fresh: tuple[ProxyHandle, float], tm
     proxied = scrape(proxy)  # the proxy saw exactly the two trainable sessions' calls
     assert value(proxied, "polar_calls_total", api="chat", mode="continuation", outcome="completed") == 4
     assert value(proxied, "polar_time_to_first_token_seconds_count", api="chat") == 2
-
-
-def _outcome(status: str = "published", **kw: Any) -> SessionOutcome:
-    return SessionOutcome(request_id="x", status=status, **kw)  # type: ignore[arg-type]
-
-
-def _graded(status: str, mask: bool, reason: str | None = None) -> SessionOutcome:
-    grade = GradeResult(instance_id="x", reward=0.0, resolved=False, status=status, mask_sample=mask)  # type: ignore[arg-type]
-    return _outcome(session_status="completed", grade=grade, reason=reason, mask_sample=mask or reason is not None)
-
-
-@pytest.mark.parametrize(
-    ("outcome", "kind"),
-    [
-        (_graded("resolved", False), "trainable"),
-        (_outcome(session_status="harness_error", reason="harness session harness_error: exit 1"), "harness_error"),
-        (_outcome(reason="session budget of 5 s exceeded"), "budget_exceeded"),
-        (_outcome(session_status="completed", reason="evaluation failed: x"), "evaluation_failed"),
-        (_graded("infra_failure", True), "grade_infra_failure"),
-        (_graded("resolved", False, "calls span policy versions [1, 2]"), "cross_version"),
-        (_graded("resolved", False, "no main chain to train on"), "no_main_chain"),
-        (_outcome("failed", reason="harness run failed: x", stage_times={"run": 1.0}), "harness_failed"),
-        (_outcome("failed", reason="init failed: x"), "init_failed"),
-        (_outcome("cancelled", reason="cancelled"), "cancelled"),
-    ],
-)
-def test_reason_kinds(outcome: SessionOutcome, kind: str) -> None:
-    assert reason_kind(outcome) == kind

@@ -13,8 +13,8 @@ import yaml
 pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
 
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
-from nemo_polar.env.gym.envs import get_env
 from nemo_polar.env.gym.recipes import RecipeError, check_recipe, load_recipe
+from nemo_polar.env.specs import get_env
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "nemo_rl"
 CLIS = ("codex", "claude_code", "qwen_code", "pi")

@@ -15,9 +15,9 @@ import pytest
 import ray
 from pydantic import ValidationError
 
-from nemo_polar.env.chat_loop import ChatLoopGateway
-from nemo_polar.env.gateway import SessionOutcome, SessionRequest, _Job
-from nemo_polar.env.scaleout import ControllerConfig, RolloutController
+from nemo_polar.env.gateway import SessionOutcome, SessionRequest
+from nemo_polar.env.gateway.ray import ControllerConfig, RolloutController
+from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
@@ -31,9 +31,8 @@ INSTANCE = bundled_instances()[0]
 class LightGateway(ChatLoopGateway):
     """Chat-loop sessions (``turns`` calls ``hold_s`` apart, harness_options) on a gateway that can be made to die."""
 
-    def _finish(self, job: _Job, status: Any, **kw: Any) -> None:
-        super()._finish(job, status, **kw)
-        if job.request.harness_options.get("die_after_finish"):
+    def finished(self, request: SessionRequest, outcome: SessionOutcome) -> None:
+        if request.harness_options.get("die_after_finish"):
             os._exit(1)  # the node goes down right after the result reached its disk, before it was returned
 
 

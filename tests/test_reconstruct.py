@@ -14,7 +14,8 @@ import pytest
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult, _trace, per_request, prefix_merging
-from nemo_polar.reconstruct.io import check_contiguous, gym_output_items, load_records
+from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
+from nemo_polar.reconstruct.io import load_records
 from tests.conftest import ProxyHandle, load_fixture
 
 EOT = 151645
@@ -202,7 +203,7 @@ def test_real_session_through_the_proxy(proxy: ProxyHandle, tmp_path: Path) -> N
 
 
 def test_session_is_the_unit_of_reward_and_advantage() -> None:
-    from nemo_polar.reconstruct.rewards import assign, group_advantages
+    from nemo_polar.rewards.advantages import assign, group_advantages
 
     m1 = rec("m1", [1], [10, EOT], session_id="won")
     s1 = rec("s1", [7], [40, EOT], session_id="won", render_reason="new_conversation")
@@ -227,7 +228,7 @@ def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url
     corrupted set does not."""
     import httpx
 
-    from nemo_polar.reconstruct.io import recompute_logprobs
+    from nemo_polar.reconstruct.recompute import recompute_logprobs
 
     session = proxy.session(sampling_overrides={"max_tokens": 12})
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)

@@ -52,7 +52,14 @@ def test_record_fields_and_timing(proxy: ProxyHandle) -> None:
     [rec] = proxy.records(session["session_id"])
     assert rec["policy_version"] == 7 and rec["api"] == "chat" and rec["mode"] == "continuation"
     # pinned params win; max_tokens is a cap on what the harness asked for
-    assert rec["sampling"] == {"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": None, "seed": None}
+    assert rec["sampling"] == {
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": None,
+        "max_tokens": 5,
+        "stop": None,
+        "seed": None,
+    }
     assert rec["request"]["temperature"] == 1.7  # the original body, unchanged
     assert before <= rec["started_at"] <= rec["finished_at"] <= time.time()
     assert rec["call_id"].startswith("call-")

@@ -20,14 +20,16 @@ import pytest
 # process, and transformers' lazy module is not safe to resolve from two threads at once.
 from transformers import AutoTokenizer
 
+from nemo_polar.cli import main as polar
 from nemo_polar.env.gateway import SessionOutcome
-from nemo_polar.env.runtime.egress import EgressAttempt
 from nemo_polar.env.session import SessionResult, write_session
+from nemo_polar.env.verdict import Verdict
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records, write_traces
 from nemo_polar.rewards.grader import GradeResult
-from nemo_polar.view.report import main, render_report, write_report
+from nemo_polar.sandbox.egress import EgressAttempt
+from nemo_polar.view.report import render_report, write_report
 from tests.conftest import ProxyHandle
 
 SCRIPT = "<script>alert('polar')</script>"
@@ -151,7 +153,7 @@ def runs(proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathF
     outcome = SessionOutcome(
         request_id="r1",
         status="published",
-        reason="harness session harness_error",
+        verdict=Verdict(kind="harness_error", reason="harness session harness_error"),
         session_status="harness_error",
         stage_times={"queued": now, "init": now + 0.1, "run": now + 1.0, "postrun": now + 4.2, "done": now + 4.3},
     )
@@ -172,7 +174,7 @@ def test_report_renders_in_chromium(runs: dict[str, Any], tmp_path: Path) -> Non
     broken_id, _, broken_records = runs["broken"]
     report = tmp_path / "report.html"
     t0 = time.monotonic()
-    assert main([str(runs["root"]), "-o", str(report), "--tokenizer", str(runs["model_root"])]) == 0
+    assert polar(["view", str(runs["root"]), "-o", str(report), "--tokenizer", str(runs["model_root"])]) == 0
     render_s = time.monotonic() - t0
     html = report.read_text()
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained, inert
@@ -275,7 +277,7 @@ def test_bad_inputs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = str(tmp_path / "r.html")
 
     def fails(*inputs: Path, extra: tuple[str, ...] = ()) -> str:
-        assert main([*map(str, inputs), "-o", out, *extra]) == 2
+        assert polar(["view", *map(str, inputs), "-o", out, *extra]) == 2
         return capsys.readouterr().err
 
     missing = tmp_path / "nope"
@@ -326,7 +328,7 @@ def test_bad_inputs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "&lt;script&gt;" in html and "<script" not in html
 
     # the same through a real process: argparse's own errors and ours both exit 2
-    cli = [sys.executable, "-m", "nemo_polar.view.report"]
+    cli = [str(Path(sys.executable).with_name("polar")), "view"]
     done = subprocess.run([*cli, str(missing), "-o", out], capture_output=True, text=True)
     assert done.returncode == 2 and str(missing) in done.stderr
     assert subprocess.run([*cli, str(records)], capture_output=True, text=True).returncode == 2  # no -o

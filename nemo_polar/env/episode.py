@@ -1,29 +1,62 @@
-"""One episode on a SWE instance: a harness session in the agent's sandbox, then the patch graded by swebench in a
-fresh one (prepared while the agent runs). The gateway stages many of these; tests and the demo run one."""
+"""One episode on a SWE instance, as stage functions that the rollout gateway runs in its pools and
+:func:`run_episode` runs in turn: :func:`prepare` (the task workspace and the grader's fresh sandbox, prewarmed),
+:func:`run_harness` (the real CLI through a proxy session), :func:`grade` (swebench in that sandbox) and
+:func:`conclude` (prefix merging, the :class:`~nemo_polar.env.verdict.Verdict`, the main chain as NeMo Gym items).
+
+Every stage writes into the attempt's :class:`~nemo_polar.env.attempt.AttemptDir`; an :class:`Episode` is what
+they leave, the same whichever way the episode ran.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.harness import Harness
-from nemo_polar.env.runtime import get_runtime
 from nemo_polar.env.script import script_adapter
 from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.env.verdict import Verdict, VerdictKind, VerdictPolicy, judge, policy_versions
 from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
+from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
+from nemo_polar.reconstruct.io import write_traces
+from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.grader import Evaluator, GradeResult
 from nemo_polar.rewards.instance import SWEInstance
+from nemo_polar.sandbox import get_runtime
+from nemo_polar.sandbox.workspace import prepare_workspace
+
+
+class Grader(Protocol):
+    """What the grade stage needs: :class:`~nemo_polar.rewards.grader.Evaluator`, or a stand-in for load tests."""
+
+    def grade(self, patch: str) -> GradeResult: ...
+
+    def close(self) -> None: ...
 
 
 class Episode(BaseModel):
-    session: SessionResult
-    grade: GradeResult | None  # None when the session itself failed (its status says why)
+    verdict: Verdict
+    session: SessionResult | None = Field(default=None, description="None when the harness never ran")
+    grade: GradeResult | None = Field(default=None, description="None when the patch was not graded")
+    output: list[dict[str, Any]] = Field(default_factory=list, description="main chain as NeMo Gym output items")
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    traces: list[Trace] = Field(default_factory=list, exclude=True)
+
+    @classmethod
+    def failed(cls, kind: VerdictKind, reason: str, session: SessionResult | None = None) -> Episode:
+        return cls(verdict=Verdict(kind=kind, reason=reason), session=session)
 
     @property
     def reward(self) -> float | None:
-        return None if self.grade is None or self.grade.mask_sample else self.grade.reward
+        """The reward to train on: None unless the verdict is trainable."""
+        return self.verdict.reward if self.verdict.trainable else None
 
 
 def task_environment(instance: SWEInstance) -> tuple[dict[str, Path], dict[str, str]]:
@@ -32,6 +65,81 @@ def task_environment(instance: SWEInstance) -> tuple[dict[str, Path], dict[str, 
         return {}, {}
     env = {"PATH": f"{instance.python_env}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(instance.python_env)}
     return {str(instance.python_env): instance.python_env}, env
+
+
+# -- the stages ---------------------------------------------------------------------------------------------------
+def prepare(instance: SWEInstance, attempt: AttemptDir, runtime: str) -> Evaluator:
+    """The task workspace, and the grader's fresh sandbox prepared ahead (it prewarms while the agent runs)."""
+    prepare_workspace(instance.task(), attempt.workspace)
+    return Evaluator(instance, runtime, work_dir=attempt.eval).prepare()
+
+
+def run_harness(
+    harness: Harness,
+    instance: SWEInstance,
+    runtime: str,
+    proxy: ProxyClient,
+    attempt: AttemptDir,
+    *,
+    scripted: bool = False,
+    session_config: dict[str, Any] | None = None,
+    timeout: float = 600.0,
+    cancel: threading.Event | None = None,
+) -> SessionResult:
+    """The CLI in its sandbox on the prepared workspace, with the instance's Python for its tools."""
+    script = script_adapter.validate_python(instance.script) if scripted and instance.script else None
+    mounts, env = task_environment(instance)
+    return run_session(
+        harness,
+        instance.task(),
+        get_runtime(runtime),
+        proxy,
+        attempt.root,
+        script=script,
+        session_config=session_config,
+        timeout=timeout,
+        mounts=mounts,
+        env=env,
+        workspace_ready=True,
+        cancel=cancel,
+    )
+
+
+def grade(evaluator: Grader, session: SessionResult, attempt: AttemptDir) -> GradeResult:
+    graded = evaluator.grade(session.patch)
+    attempt.grade.write_text(graded.model_dump_json(indent=2))
+    return graded
+
+
+def conclude(
+    session: SessionResult,
+    graded: GradeResult | None,
+    policy: VerdictPolicy,
+    attempt: AttemptDir,
+    *,
+    grade_error: str | None = None,
+) -> Episode:
+    """Reconstruct the session's calls (prefix merging), judge it, and keep the main chain as Gym items."""
+    t0 = time.monotonic()
+    try:
+        build = prefix_merging(session.records)
+        main = sorted((t for t in build.traces if t.role == "main"), key=lambda t: t.segment)
+        by_id = {r.call_id: r for r in session.records}
+        output = gym_output_items(main[0], by_id) if main else []
+        check_contiguous(output)  # true by construction; a violation must fail loudly, not reach the trainer
+        write_traces(build.traces, attempt.traces)
+    except Exception as exc:  # a reconstruction bug masks this episode; it must not take the caller down
+        verdict = Verdict(
+            kind="reconstruction_failed", reason=f"reconstruction failed: {exc!r}", reward=_reward(graded)
+        )
+        return Episode(verdict=verdict, session=session, grade=graded, metrics=_grade_metrics(session, graded))
+    if grade_error is not None and session.status == "completed":
+        verdict = Verdict(kind="evaluation_failed", reason=grade_error)
+    else:
+        verdict = judge(session, graded, build, main, policy)
+    metrics = episode_metrics(session, graded, build, main)
+    metrics["timings"]["reconstruct_s"] = time.monotonic() - t0
+    return Episode(verdict=verdict, session=session, grade=graded, output=output, metrics=metrics, traces=build.traces)
 
 
 def run_episode(
@@ -44,26 +152,85 @@ def run_episode(
     scripted: bool = False,
     timeout: float = 600.0,
     session_config: dict[str, Any] | None = None,
+    policy: VerdictPolicy | None = None,
 ) -> Episode:
-    script = script_adapter.validate_python(instance.script) if scripted and instance.script else None
-    mounts, env = task_environment(instance)
-    evaluator = Evaluator(instance, runtime, work_dir=session_dir / "eval").prepare()  # prewarmed
+    """The stages in turn, in this thread. A stage that raises ends the episode with its verdict, never an
+    exception: the caller gets the same :class:`Episode` shape whatever happened."""
+    attempt = AttemptDir(session_dir)
+    attempt.root.mkdir(parents=True, exist_ok=True)
     try:
-        session = run_session(
-            harness,
-            instance.task(),
-            get_runtime(runtime),
-            proxy,
-            session_dir,
-            script=script,
-            session_config=session_config,
-            timeout=timeout,
-            mounts=mounts,
-            env=env,
-        )
-        graded = evaluator.grade(session.patch) if session.status == "completed" else None
+        evaluator = prepare(instance, attempt, runtime)
+    except Exception as exc:
+        return Episode.failed("init_failed", f"init failed: {exc}")
+    try:
+        try:
+            session = run_harness(
+                harness,
+                instance,
+                runtime,
+                proxy,
+                attempt,
+                scripted=scripted,
+                session_config=session_config,
+                timeout=timeout,
+            )
+        except Exception as exc:
+            return Episode.failed("run_failed", f"harness run failed: {exc}")
+        graded, error = None, None
+        if session.status == "completed":
+            try:
+                graded = grade(evaluator, session, attempt)
+            except Exception as exc:
+                error = f"evaluation failed: {exc}"
     finally:
         evaluator.close()
-    if graded is not None:
-        (session_dir / "grade.json").write_text(graded.model_dump_json(indent=2))
-    return Episode(session=session, grade=graded)
+    return conclude(session, graded, policy or VerdictPolicy(), attempt, grade_error=error)
+
+
+# -- what an episode reports --------------------------------------------------------------------------------------
+def _reward(graded: GradeResult | None) -> float | None:
+    return graded.reward if graded is not None else None
+
+
+def _grade_metrics(session: SessionResult, graded: GradeResult | None) -> dict[str, Any]:
+    return {
+        "session_id": session.session_id,
+        "session_status": session.status,
+        "grade_status": graded.status if graded else None,
+        "resolved": graded.resolved if graded else None,
+        "fail_to_pass": graded.fail_to_pass if graded else None,
+        "pass_to_pass": graded.pass_to_pass if graded else None,
+        "calls": session.calls,
+        "egress_refused": len(session.egress),
+        "timings": {
+            **{f"session_{k}": v for k, v in session.timings.items()},
+            **({f"grade_{k}": v for k, v in graded.timings.items()} if graded else {}),
+        },
+    }
+
+
+def episode_metrics(
+    session: SessionResult, graded: GradeResult | None, build: BuildResult, main: list[Trace]
+) -> dict[str, Any]:
+    """Per-episode figures (flat, so that NeMo Gym's aggregate metrics see them): the session, the grade, and what
+    reconstruction made of the calls — chains by role, breaks, and how much of the agent's work the delivered main
+    chain (the first main segment) covers."""
+    delivered = main[0] if main else None
+    roles = Counter(t.role for t in build.traces)
+    agent_calls = sum(len(t.spans) for t in build.traces if t.role != "side")
+    delivered_calls = len(delivered.spans) if delivered else 0
+    return {
+        **_grade_metrics(session, graded),
+        "failed_calls": len(build.failed_call_ids),
+        "traces": len(build.traces),
+        "roles": dict(roles),
+        "main_segments": len(main),
+        "subagent_chains": roles["subagent"],
+        "compaction_chains": roles["compaction"],
+        "side_chains": roles["side"],
+        "break_reasons": dict(build.break_reasons),
+        "delivered_calls": delivered_calls,
+        "delivered_fraction": delivered_calls / agent_calls if agent_calls else 0.0,
+        "trainable_tokens": delivered.trainable_tokens if delivered else 0,
+        "policy_versions": policy_versions(build),
+    }

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.collect import Group, PolarEnv, PolarEnvConfig, Sample
+from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.progress import AttemptsProgress
 from nemo_polar.reconstruct.export import sft_rows, write_jsonl, write_parquet
 from nemo_polar.rewards.instance import SWEInstance

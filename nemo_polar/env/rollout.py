@@ -15,17 +15,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.collect import PolarEnv, PolarEnvConfig
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.runtime import get_runtime
+from nemo_polar.env.polar_env import PolarEnv, PolarEnvConfig
 from nemo_polar.env.script import Action
 from nemo_polar.env.session import SessionResult, run_session
-from nemo_polar.env.workspace import Task
+from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.progress import AttemptsProgress
 from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.reconstruct.builders import BuilderConfig
 from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.instance import SWEInstance
+from nemo_polar.sandbox import get_runtime
+from nemo_polar.sandbox.workspace import Task
 
 
 def conf_dir() -> Path:
@@ -140,11 +140,11 @@ def rollout(cfg: DictConfig) -> SessionResult:
     if not cfg.task:
         raise ValueError("give a task file (task=PATH) or a dataset (dataset=bundled n_samples=4)")
     task = load_task(Path(cfg.task))
-    harness = get_harness(cfg.env.harness, **OmegaConf.to_container(cfg.env.harness_options))  # type: ignore[arg-type]
+    spec = env_spec(cfg)
+    harness = get_harness(spec.harness, **spec.harness_options)
     runtime = get_runtime(cfg.runtime.name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out) if cfg.out else Path("runs") / cfg.env.name / f"{task.instance_id}-{stamp}"
-    session: dict[str, Any] = OmegaConf.to_container(cfg.env.session)  # type: ignore[assignment]
     with engine_url(cfg) as engine, proxy_client(cfg, engine, out / "proxy") as proxy:
         return run_session(
             harness,
@@ -153,7 +153,7 @@ def rollout(cfg: DictConfig) -> SessionResult:
             proxy,
             out,
             script=task.script,
-            session_config=session,
+            session_config=spec.session,
             timeout=float(cfg.timeout),
             model=cfg.model,
         )
@@ -196,23 +196,17 @@ class DatasetSummary(BaseModel):
     out: Path
 
 
-def env_config(cfg: DictConfig, proxy: ProxyClient, state_dir: Path) -> PolarEnvConfig:
+def env_spec(cfg: DictConfig) -> PolarEnvSpec:
+    """The composed env group with the top-level ``harness_options`` / ``session`` overrides over it."""
     container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    builder = container["builder"]
-    return PolarEnvConfig(
-        env=cfg.env.name,
-        proxy=proxy,
-        state_dir=state_dir,
-        runtime=cfg.runtime.name,
-        scripted=bool(cfg.dataset.scripted),
-        builder=builder["name"],
-        builder_config=BuilderConfig(mask_truncated=builder.get("mask_truncated", False)),
-        gateway={**container["gateway"], "agent_budget_s": float(cfg.timeout)},
-        early_stop=cfg.early_stop,
-        scale_by_std=bool(cfg.scale_by_std),
-        harness_options=container["env"].get("harness_options") or {},
-        session=container["env"].get("session") or {},
-    )
+    overrides = EnvOverrides(harness_options=container["harness_options"], session=container["session"])
+    return resolve_env(PolarEnvSpec.model_validate(container["env"]), overrides)
+
+
+def env_config(cfg: DictConfig, proxy: ProxyClient, state_dir: Path) -> PolarEnvConfig:
+    """The composed config is shaped like :class:`PolarEnvConfig` (``conf/rollout.yaml``): validated as it is."""
+    container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    return PolarEnvConfig.model_validate({**container, "proxy": proxy, "state_dir": state_dir})
 
 
 def collect_dataset(cfg: DictConfig, progress: AttemptsProgress | None = None) -> DatasetSummary:

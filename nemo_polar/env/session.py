@@ -1,7 +1,7 @@
 """Run one harness session: a proxy session, a prepared workspace, the real CLI in a runtime, and what it left.
 
-The session directory holds everything needed later (reconstruction, grading, viewing): ``session.json`` (the
-result), ``records.jsonl`` (the proxy's call records), ``patch.diff``, the CLI's stdout/stderr and transcript.
+The session directory (an :class:`~nemo_polar.env.attempt.AttemptDir`) holds everything needed later
+(reconstruction, grading, viewing): the result, the proxy's call records, the patch, the CLI's logs and transcript.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.harness import Endpoint, Harness
 from nemo_polar.env.harness.base import HARNESS_MOUNT
-from nemo_polar.env.runtime import Runtime, SandboxSpec
-from nemo_polar.env.runtime.base import PROXY_UNREACHABLE
-from nemo_polar.env.runtime.egress import EgressAttempt
 from nemo_polar.env.script import Action
-from nemo_polar.env.workspace import Task, extract_patch, prepare_workspace
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
+from nemo_polar.sandbox import Runtime, SandboxSpec
+from nemo_polar.sandbox.base import PROXY_UNREACHABLE
+from nemo_polar.sandbox.egress import EgressAttempt
+from nemo_polar.sandbox.workspace import Task, extract_patch, prepare_workspace
 
 Status = Literal["completed", "harness_error", "timeout", "cancelled", "proxy_unreachable"]
 
@@ -73,8 +74,9 @@ def run_session(
     e.g. a Python virtualenv first on ``PATH``."""
     t0 = time.monotonic()
     root = harness.require()
+    attempt = AttemptDir(session_dir)
     session_dir.mkdir(parents=True, exist_ok=True)
-    workspace, home, run_dir = session_dir / "workspace", session_dir / "home", session_dir / "run"
+    workspace, home, run_dir = attempt.workspace, attempt.home, attempt.run
     home.mkdir(exist_ok=True)
     run_dir.mkdir(exist_ok=True)
     if not workspace_ready:  # a gateway prepares it ahead, in its INIT stage
@@ -118,7 +120,7 @@ def run_session(
                 {**(env or {}), **launch.env},
                 cwd=paths.workspace,
                 timeout=timeout,
-                log_prefix=session_dir / "harness",
+                log_prefix=attempt.harness_logs,
                 cancel=cancel,
             )
             t_post = time.monotonic()
@@ -172,8 +174,17 @@ def close_quietly(proxy: ProxyClient, session_id: str) -> None:
 
 
 def write_session(result: SessionResult) -> None:
-    d = result.session_dir
-    (d / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in result.records))
-    (d / "patch.diff").write_text(result.patch)
-    (d / "transcript.json").write_text(json.dumps(result.transcript, indent=1))
-    (d / "session.json").write_text(result.model_dump_json(indent=2))
+    d = AttemptDir(result.session_dir)
+    d.records.write_text("".join(r.model_dump_json() + "\n" for r in result.records))
+    d.patch.write_text(result.patch)
+    d.transcript.write_text(json.dumps(result.transcript, indent=1))
+    d.session.write_text(result.model_dump_json(indent=2))
+
+
+def read_session(attempt: AttemptDir) -> SessionResult | None:
+    """A session written by :func:`write_session`, with its records; None when it never finished."""
+    if not attempt.session.exists():
+        return None
+    result = SessionResult.model_validate_json(attempt.session.read_text())
+    result.records = attempt.read_records()
+    return result

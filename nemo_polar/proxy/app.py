@@ -9,7 +9,7 @@ import json
 import secrets
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +23,13 @@ from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
-from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
-from nemo_polar.proxy.output import new_id
+from nemo_polar.proxy.output import StreamEmitter, new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
 from nemo_polar.proxy.renderer import EngineRenderer, Renderer, preload_tokenizers, verified_local_renderer
@@ -66,16 +66,6 @@ class ProxyConfig(BaseModel):
     )
 
 
-PARSERS: dict[Api, Callable[[Any], Conversation]] = {
-    "chat": chat.parse,
-    "responses": responses.parse,
-    "anthropic": anthropic.parse,
-}
-TOOL_IDS: dict[Api, Callable[[], str]] = {
-    "chat": chat.new_tool_call_id,
-    "responses": responses.new_tool_call_id,
-    "anthropic": anthropic.new_tool_call_id,
-}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -169,6 +159,7 @@ class Proxy:
 
     # -- model calls --------------------------------------------------------------------------------
     async def call(self, api: Api, request: Request) -> Response:
+        adapter = get_adapter(api)
         try:
             session = self.authenticate(request)
         except ProxyError as err:
@@ -192,7 +183,7 @@ class Proxy:
             record.request = raw.decode("utf-8", errors="replace")
             body = self.parse_json(raw)
             record.request = body
-            conv = PARSERS[api](body)
+            conv = adapter.parse(body)
             await self.check_model(conv.model, session)
             session.restore(conv)
             ticket = await self.admission.enter()  # waits while the trainer syncs weights
@@ -205,7 +196,7 @@ class Proxy:
             record.render_reason = the_plan.render_reason
             record.sampling = the_plan.sampling
             record.prompt_token_ids = list(the_plan.prompt_token_ids)
-            gen = Generation(self.engine, the_plan, conv, TOOL_IDS[api])
+            gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id)
             await gen.open()
         except ProxyError as err:
             if ticket is not None:
@@ -213,17 +204,17 @@ class Proxy:
             await self.fail(session, record, err)
             return error_response(api, err)
         if conv.stream:
-            emitter = _emitter(api, conv, body)
+            emitter = adapter.stream(conv, body)
             return StreamingResponse(
                 self.stream(session, record, conv, gen, emitter, ticket),
                 media_type="text/event-stream",
                 headers=SSE_HEADERS,
             )
-        return await self.collect(api, session, record, conv, gen, body, ticket)
+        return await self.collect(adapter, session, record, conv, gen, body, ticket)
 
     async def collect(
         self,
-        api: Api,
+        adapter: ApiAdapter,
         session: Session,
         record: CallRecord,
         conv: Conversation,
@@ -234,27 +225,26 @@ class Proxy:
         try:
             async for _ in gen.events():
                 pass
-            out = gen.output
-            echo: list[str] = []
-            if api == "chat":
-                payload = chat.build_response(conv, out, new_id("chatcmpl-"))
-            elif api == "responses":
-                payload, echo = responses.build_response(conv, out, new_id("resp_"), body)
-            else:
-                payload = anthropic.build_response(conv, out, new_id("msg_"))
+            payload, echo = adapter.build_response(conv, gen.output, body)
             _complete(record, gen)
             await self.commit(session, record, conv, gen, echo)
             return JSONResponse(payload)
         except ProxyError as err:
             _capture(record, gen)
             await self.fail(session, record, err)
-            return error_response(api, err)
+            return error_response(adapter.name, err)
         finally:
             await gen.close()
             ticket.release()
 
     async def stream(
-        self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, emitter: Any, ticket: Ticket
+        self,
+        session: Session,
+        record: CallRecord,
+        conv: Conversation,
+        gen: Generation,
+        emitter: StreamEmitter,
+        ticket: Ticket,
     ) -> AsyncIterator[str]:
         settled = False
         try:
@@ -308,15 +298,17 @@ class Proxy:
         session.commit(record, None, None, [])
         self.metrics.observe(record, err.code)
 
-    async def count_tokens(self, request: Request) -> Response:
+    async def count_tokens(self, api: Api, request: Request) -> Response:
+        adapter = get_adapter(api)
+        assert adapter.parse_count is not None, f"{api} has no token-count request"
         try:
             session = self.authenticate(request)
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
-            conv = anthropic.parse(self.parse_json(raw), count_only=True)
+            conv = adapter.parse_count(self.parse_json(raw))
             kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
             ids = await self.current_renderer().render(conv.template_messages(), conv.template_tools(), kwargs)
         except ProxyError as err:
-            return error_response("anthropic", err)
+            return error_response(api, err)
         return JSONResponse({"input_tokens": len(ids)})
 
 
@@ -331,15 +323,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _emitter(api: Api, conv: Conversation, body: Any) -> Any:
-    if api == "chat":
-        return chat.ChatStream(conv, new_id("chatcmpl-"))
-    if api == "responses":
-        return responses.ResponsesStream(conv, new_id("resp_"), body)
-    return anthropic.MessagesStream(conv, new_id("msg_"))
-
-
-def _emit(emitter: Any, ev: object) -> list[str]:
+def _emit(emitter: StreamEmitter, ev: object) -> list[str]:
     if isinstance(ev, ToolCall):
         return emitter.tool_call(ev)
     assert isinstance(ev, ParseEvent)
@@ -440,7 +424,7 @@ def _model_app(proxy: Proxy) -> FastAPI:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
-        return await proxy.count_tokens(request)
+        return await proxy.count_tokens("anthropic", request)
 
     return app
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.proxy.sampling import SamplingParams
+
 
 class ToolCall(BaseModel):
     id: str
@@ -80,23 +82,12 @@ def custom_tool_parameters() -> dict[str, Any]:
     }
 
 
-class SamplingRequest(BaseModel):
-    """Sampling parameters as the harness asked for them."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None
-    stop: list[str] | None = None
-    seed: int | None = None
-
-
 class Conversation(BaseModel):
     model: str
     messages: list[Message]
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | str = "auto"  # a str other than those names a tool
-    sampling: SamplingRequest = Field(default_factory=SamplingRequest)
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="as the harness asked")
     stream: bool = False
     include_usage: bool = False
     ignored: list[str] = Field(default_factory=list, description="request fields the proxy did not honour")

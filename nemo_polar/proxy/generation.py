@@ -12,7 +12,7 @@ tokens as the parent's context closed. The model thus conditions on exactly the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,8 @@ from nemo_polar.proxy.engine_client import EngineClient, sse_data
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
-from nemo_polar.proxy.records import SamplingUsed
 from nemo_polar.proxy.renderer import Renderer
+from nemo_polar.proxy.sampling import SamplingParams
 from nemo_polar.proxy.sessions import CallState, Session
 
 KEEPALIVE = object()
@@ -34,32 +34,10 @@ KEEPALIVE = object()
 class Plan:
     path: str
     body: dict[str, Any]
-    sampling: SamplingUsed
+    sampling: SamplingParams  # what is sent, and recorded
     parent: CallState | None = None
     render_reason: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
-
-
-def sampling_for(conv: Conversation, session: Session) -> SamplingUsed:
-    pinned = session.config.sampling_overrides
-    asked = conv.sampling
-    max_tokens = asked.max_tokens
-    if pinned.max_tokens is not None:
-        max_tokens = pinned.max_tokens if max_tokens is None else min(max_tokens, pinned.max_tokens)
-    return SamplingUsed(
-        temperature=pinned.temperature if pinned.temperature is not None else asked.temperature,
-        top_p=pinned.top_p if pinned.top_p is not None else asked.top_p,
-        max_tokens=max_tokens,
-        stop=asked.stop,
-        seed=pinned.seed if pinned.seed is not None else asked.seed,
-    )
-
-
-def _sampling_body(s: SamplingUsed, top_k: int | None) -> dict[str, Any]:
-    body = {k: v for k, v in s.model_dump().items() if v is not None}
-    if top_k is not None:
-        body["top_k"] = top_k
-    return body
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -76,8 +54,7 @@ def _nth_after(ids: list[int], token: int, n: int) -> int | None:
 async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv: Conversation) -> Plan:
     info = await engine.info()
     mode = session.config.mode
-    sampling = sampling_for(conv, session)
-    top_k = session.config.sampling_overrides.top_k or conv.sampling.top_k
+    sampling = SamplingParams.resolve(conv.sampling, session.config.sampling_overrides)
     tools = conv.template_tools() if conv.tool_choice != "none" else None
     kwargs = session.config.chat_template_kwargs
     parent, reason = session.find_parent(conv)
@@ -94,7 +71,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
             if prompt is None:
                 parent, prompt = None, full
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
-        body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **_sampling_body(sampling, top_k)}
+        body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
         return Plan(
             "/v1/completions",
             {**body, **session.config.engine_extra(len(session.calls))},
@@ -111,7 +88,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         "logprobs": True,
         "top_logprobs": 0,
         "return_token_ids": True,
-        **_sampling_body(sampling, top_k),
+        **sampling.engine_fields(),
     }
     if tools:
         body["tools"] = tools
@@ -181,7 +158,9 @@ class Capture:
 class Generation:
     """One streamed engine call: yields parse events (and keep-alive markers) while capturing ids."""
 
-    def __init__(self, engine: EngineClient, the_plan: Plan, conv: Conversation, new_call_id: Any) -> None:
+    def __init__(
+        self, engine: EngineClient, the_plan: Plan, conv: Conversation, new_call_id: Callable[[], str]
+    ) -> None:
         self.engine = engine
         self.plan = the_plan
         self.conv = conv

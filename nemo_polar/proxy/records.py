@@ -18,18 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.proxy.sampling import SamplingParams
+
 Api = Literal["chat", "responses", "anthropic"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
-
-
-class SamplingUsed(BaseModel):
-    """The sampling parameters sent to the engine (after session overrides)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    stop: list[str] | None = None
-    seed: int | None = None
 
 
 class CallRecord(BaseModel):
@@ -45,7 +37,8 @@ class CallRecord(BaseModel):
     parent_call_id: str | None = None
     render_reason: str | None = None
     policy_version: int | None = None
-    sampling: SamplingUsed | None = None
+    # Records written before top_k was recorded load with top_k None (every SamplingParams field is optional).
+    sampling: SamplingParams | None = Field(default=None, description="what the engine was sent (session pins applied)")
     output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")
     started_at: float
     render_s: float | None = Field(default=None, description="time spent building the engine request")

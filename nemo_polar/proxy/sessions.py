@@ -17,25 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
 from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter, read_records
-
-
-class SamplingOverrides(BaseModel):
-    """Pinned sampling parameters; ``max_tokens`` is a cap on what the harness asks for."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+from nemo_polar.proxy.sampling import SamplingParams
 
 
 class SessionConfig(BaseModel):
     mode: Mode = "continuation"
-    sampling_overrides: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    sampling_overrides: SamplingParams = Field(
+        default_factory=SamplingParams,
+        description="pinned sampling parameters; max_tokens is a cap on what the harness asks for "
+        "(SamplingParams.resolve)",
+    )
     model_aliases: list[str] = Field(default_factory=list, description="model names accepted besides the engine's")
     policy_version: int | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -46,6 +41,14 @@ class SessionConfig(BaseModel):
         "exactly script[n]; later calls sample freely. The engine still samples the ids and their logprobs.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    # Only a pin is checked here: a harness's own max_tokens goes to the engine as asked, and the engine answers it.
+    @field_validator("sampling_overrides")
+    @classmethod
+    def _positive_cap(cls, pinned: SamplingParams) -> SamplingParams:
+        if pinned.max_tokens is not None and pinned.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {pinned.max_tokens}")
+        return pinned
 
     def engine_extra(self, completed_calls: int) -> dict[str, Any]:
         """What is merged into the engine request of the session's next call."""

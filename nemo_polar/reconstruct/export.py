@@ -16,28 +16,22 @@ the rows it was written from.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.apis import get_adapter
 from nemo_polar.proxy.conversation import Conversation, Message, ToolCall
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import StreamParser
 from nemo_polar.proxy.records import CallRecord
-from nemo_polar.reconstruct.io import gym_output_items
+from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.reconstruct.trace import Role, Trace
 
 Format = Literal["traces", "gym", "sft-jsonl", "sft-parquet"]
 FORMATS: tuple[Format, ...] = ("traces", "gym", "sft-jsonl", "sft-parquet")
-
-_PARSERS: dict[str, Callable[[Any], Conversation]] = {
-    "chat": chat.parse,
-    "responses": responses.parse,
-    "anthropic": anthropic.parse,
-}
 
 
 class SFTFunction(BaseModel):
@@ -83,7 +77,7 @@ class SFTRow(BaseModel):
 def conversation(rec: CallRecord) -> Conversation:
     """The record's request body, normalised by the parser of its API."""
     try:
-        return _PARSERS[rec.api](rec.request)
+        return get_adapter(rec.api).parse(rec.request)
     except ProxyError as exc:
         raise ValueError(f"record {rec.call_id}: {rec.api} request cannot be parsed: {exc.message}") from None
 

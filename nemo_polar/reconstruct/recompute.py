@@ -1,57 +1,31 @@
-"""Recompute each trainable token's logprob under the same weights, as a trainer would, and compare with the
-engine's: the training/inference mismatch a user would otherwise discover only as a KL spike.
-
-Runs inside the engine virtualenv (it has torch and transformers), so it imports nothing from ``nemo_polar``:
-``python recompute.py MODEL_DIR TRACES.jsonl`` prints one JSON object.
-
-Per trainable token, with r = logp_trainer - logp_engine: |Δ| = |r| and the k3 estimator of
-KL(engine || trainer) = exp(r) - 1 - r (unbiased, non-negative, for tokens sampled by the engine).
-"""
+"""The trainer-side logprob check: recompute every trainable token's logprob with transformers under the engine's
+own weights and report the agreement (mean/max |Δ|, KL). The model runs in the engine virtualenv, so the work is
+done by :mod:`.recompute_worker` in a subprocess there."""
 
 from __future__ import annotations
 
 import json
-import math
-import sys
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nemo_polar.engine.launcher import engine_python
+from nemo_polar.reconstruct.io import write_traces
+from nemo_polar.reconstruct.trace import Trace
 
 
-def main(model_dir: str, traces_path: str) -> dict[str, float | int]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    deltas: list[float] = []
-    k3: list[float] = []
-    with open(traces_path, encoding="utf-8") as fh, torch.no_grad():
-        for line in fh:
-            trace = json.loads(line)
-            ids = trace["prompt_ids"] + trace["response_ids"]
-            offset = len(trace["prompt_ids"])
-            wanted = [
-                (offset + i, lp)
-                for i, (mask, lp) in enumerate(zip(trace["loss_mask"], trace["logprobs"], strict=True))
-                if mask and lp is not None
-            ]
-            if not wanted:
-                continue
-            # Only the rows that predict trainable tokens: full [seq, vocab] logits of a 20k-token agent context
-            # would need ~12 GB. The logit at pos-1 predicts the token at pos.
-            rows = torch.tensor([pos - 1 for pos, _ in wanted])
-            logits = model(torch.tensor([ids]), logits_to_keep=rows).logits[0].float()
-            logp = torch.log_softmax(logits, dim=-1)
-            for row, (pos, engine_lp) in enumerate(wanted):
-                r = float(logp[row, ids[pos]]) - float(engine_lp)
-                deltas.append(abs(r))
-                k3.append(math.exp(r) - 1 - r)
-    n = len(deltas)
-    return {
-        "tokens": n,
-        "mean_abs_logprob_delta": sum(deltas) / n if n else 0.0,
-        "max_abs_logprob_delta": max(deltas, default=0.0),
-        "kl_k3": sum(k3) / n if n else 0.0,
-    }
-
-
-if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+def recompute_logprobs(traces: list[Trace], model_dir: Path) -> dict[str, Any]:
+    """Run :mod:`.recompute_worker` in the engine virtualenv (torch lives there, not here)."""
+    script = Path(__file__).with_name("recompute_worker.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "traces.jsonl"
+        write_traces([t for t in traces if t.trainable_tokens], path)
+        done = subprocess.run(
+            [str(engine_python()), "-W", "ignore", str(script), str(model_dir), str(path)],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"logprob recomputation failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.runtime import ExecResult, Runtime, SandboxSpec, get_runtime
-from nemo_polar.env.workspace import prepare_workspace
-from nemo_polar.rewards import testlog
+import nemo_polar.rewards.testlog as testlog
 from nemo_polar.rewards.instance import SWEInstance
+from nemo_polar.sandbox import ExecResult, Runtime, SandboxSpec, get_runtime
+from nemo_polar.sandbox.workspace import prepare_workspace
 
 HERE = Path(__file__).parent
 EVAL_FILES = [HERE / "eval.sh", HERE / "guard.py"]

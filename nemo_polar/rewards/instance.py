@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from unidiff import PatchSet
 
-from nemo_polar.env.workspace import Task
 from nemo_polar.paths import cache_dir
+from nemo_polar.sandbox.workspace import Task
 
 DEFAULT_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 import jinja2
 from pydantic import BaseModel, ValidationError
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import SessionOutcome
 from nemo_polar.env.session import SessionResult
 from nemo_polar.paths import cache_dir
@@ -34,7 +35,6 @@ from nemo_polar.reconstruct.io import load_records
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.grader import GradeResult
 
-SESSION_FILES = ("session.json", "records.jsonl", "outcome.json", "grade.json")
 DEFAULT_MAX_TOKENS = 4000
 OPEN_CONTEXT = 48  # context runs up to this many tokens are shown expanded; longer ones start collapsed
 TEXT_CAP = 200_000  # characters of a patch or log kept (a log's tail: that is where failures are)
@@ -109,6 +109,8 @@ def _text(path: Path, *, tail: bool = False) -> str:
 
 @dataclass
 class SessionDir:
+    """What the report read of one attempt directory (:class:`~nemo_polar.env.attempt.AttemptDir`)."""
+
     path: Path
     result: SessionResult | None = None
     outcome: SessionOutcome | None = None
@@ -125,32 +127,34 @@ class SessionDir:
 
 
 def read_session_dir(path: Path) -> SessionDir:
+    attempt = AttemptDir(path)
     d = SessionDir(path)
-    if (path / "session.json").is_file():
-        d.result = _model(path / "session.json", SessionResult)
-    if (path / "outcome.json").is_file():
-        d.outcome = _model(path / "outcome.json", SessionOutcome)
-    if (path / "grade.json").is_file():
-        d.grade = _model(path / "grade.json", GradeResult)
+    if attempt.session.is_file():
+        d.result = _model(attempt.session, SessionResult)
+    if attempt.outcome.is_file():
+        d.outcome = _model(attempt.outcome, SessionOutcome)
+    if attempt.grade.is_file():
+        d.grade = _model(attempt.grade, GradeResult)
     elif d.outcome is not None and d.outcome.grade is not None:  # the gateway keeps the grade in the outcome
         d.grade = d.outcome.grade
-    if (path / "request.json").is_file():
+    if attempt.request.is_file():
         try:
-            d.request = json.loads((path / "request.json").read_text())
+            d.request = json.loads(attempt.request.read_text())
         except json.JSONDecodeError as exc:
-            raise ReportError(f"{path / 'request.json'}: not JSON: {exc}") from None
-    if (path / "patch.diff").is_file():
-        d.patch = _text(path / "patch.diff")
-    if (path / "records.jsonl").is_file():
-        d.records = _records(path / "records.jsonl")
+            raise ReportError(f"{attempt.request}: not JSON: {exc}") from None
+    if attempt.patch.is_file():
+        d.patch = _text(attempt.patch)
+    if attempt.records.is_file():
+        d.records = _records(attempt.records)
     log = d.grade.log_path if d.grade is not None else None
     if log is None or not log.is_file():  # the grade's own path, else where the evaluator writes under the session
-        log = next(iter(sorted(path.glob("eval/*/eval.stdout.log"))), None)
+        log = next(iter(sorted(attempt.eval.glob("*/eval.stdout.log"))), None)
     if log is not None and log.is_file():
         d.grader_log = (str(log), _text(log, tail=True))
-    for name in ("harness.stderr.log", "harness.stdout.log"):
-        if (path / name).is_file():
-            d.logs.append((name, _text(path / name, tail=True)))
+    for suffix in (".stderr.log", ".stdout.log"):
+        path_log = attempt.harness_logs.with_suffix(suffix)
+        if path_log.is_file():
+            d.logs.append((path_log.name, _text(path_log, tail=True)))
     return d
 
 
@@ -197,7 +201,8 @@ def _jsonl_kind(path: Path, *, strict: bool = True) -> Literal["records", "trace
 
 
 def _is_session_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in SESSION_FILES)
+    a = AttemptDir(path)
+    return any(f.is_file() for f in (a.session, a.records, a.outcome, a.grade))
 
 
 def _search(root: Path, depth: int) -> tuple[list[Path], list[Path]]:
@@ -251,7 +256,8 @@ def collect(inputs: Sequence[Path]) -> list[_Entry]:
     for path in inputs:
         if not path.exists():
             raise ReportError(f"{path}: no such file or directory")
-        if path.is_file() and path.name in ("session.json", "outcome.json", "grade.json"):
+        attempt = AttemptDir(path.parent)
+        if path.is_file() and path in (attempt.session, attempt.outcome, attempt.grade):
             path = path.parent  # session.json / outcome.json / grade.json stand for their session directory
         if path.is_dir():
             dirs, files = ([path], []) if _is_session_dir(path) else _search(path, SEARCH_DEPTH)
@@ -521,14 +527,3 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"polar view: wrote {out}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``polar view`` (its arguments live with the rest of the command line in :mod:`nemo_polar.cli`)."""
-    from nemo_polar.cli import main as polar
-
-    return polar(["view", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

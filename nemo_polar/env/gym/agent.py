@@ -18,7 +18,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,31 +34,25 @@ from nemo_gym.openai_utils import (
 from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.episode import Episode, run_episode
-from nemo_polar.env.gateway import GatewayConfig, GatewayThread, SessionOutcome, SessionRequest
-from nemo_polar.env.gym.envs import PolarEnvSpec, UnknownEnv, get_env
+from nemo_polar.env.gateway import GatewayConfig, GatewayThread, SessionRequest
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import SessionResult, close_quietly
+from nemo_polar.env.session import close_quietly
+from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, UnknownEnv, get_env, resolve_env
+from nemo_polar.env.verdict import Verdict, VerdictPolicy
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord, read_records
-from nemo_polar.reconstruct.builders import BuildResult, per_request, prefix_merging
-from nemo_polar.reconstruct.io import check_contiguous, gym_output_items
-from nemo_polar.reconstruct.trace import Trace
+from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.builders import per_request
+from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.rewards.instance import SWEInstance
 
 # ``staging: direct`` calls it like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=,
-# timeout=, session_config=)``; injectable for fault injection.
+# timeout=, session_config=, policy=)``; injectable for fault injection.
 EpisodeRunner = Callable[..., Episode]
-
-# Session statuses that are not the policy's doing, as nemo-gym failure kinds.
-SESSION_FAILURE_KINDS = {
-    "timeout": "agent_timeout",
-    "harness_error": "agent_run_error",
-    "proxy_unreachable": "transport_unreachable",
-}
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):
@@ -212,10 +205,11 @@ class PolarAgent(SimpleResponsesAPIAgent):
             env, instance, session_dir = self._plan(body)
         except (RowError, UnknownEnv, ValueError) as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
+        t0 = time.monotonic()
+        attempt = AttemptDir(session_dir)
         if self.config.staging == "gateway":
-            t0 = time.monotonic()
             request = SessionRequest(
-                request_id=session_dir.name,
+                request_id=attempt.name,
                 harness=env.harness,
                 harness_options=env.harness_options,
                 instance=instance,
@@ -223,24 +217,26 @@ class PolarAgent(SimpleResponsesAPIAgent):
                 session_config=self._session_config(body, env),
                 proxy=self._proxy_client(),
             )
-            outcome = await self._gateway(session_dir.parent).run(request)
-            return await asyncio.to_thread(self._from_outcome, body, env, instance, session_dir, outcome, t0)
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.config.concurrency)
-        async with self._semaphore:
-            return await asyncio.to_thread(self._episode, body, env, instance, session_dir)
+            outcome = await self._gateway(attempt.root.parent).run(request)
+            episode = Episode(
+                verdict=outcome.verdict, grade=outcome.grade, output=outcome.output, metrics=outcome.metrics
+            )
+            stage_times = outcome.stage_times
+        else:
+            if self._semaphore is None:
+                self._semaphore = asyncio.Semaphore(self.config.concurrency)
+            async with self._semaphore:
+                episode = await asyncio.to_thread(self._episode, body, env, instance, attempt)
+            stage_times = {}
+        return await asyncio.to_thread(self._result, body, env, instance, attempt, episode, stage_times, t0)
 
     # -- planning: everything a row can get wrong, before anything runs -----------------------------------------
     def _plan(self, body: PolarRunRequest) -> tuple[PolarEnvSpec, SWEInstance, Path]:
-        env = get_env(body.polar_env) if body.polar_env else get_env(self.config.env)
-        if self.config.harness and not body.polar_env:
-            env = env.model_copy(update={"harness": self.config.harness})
-        env = env.model_copy(
-            update={
-                "harness_options": {**env.harness_options, **self.config.harness_options},
-                "session": {**env.session, **self.config.session},
-            }
+        c = self.config
+        overrides = EnvOverrides(
+            harness=None if body.polar_env else c.harness, harness_options=c.harness_options, session=c.session
         )
+        env = resolve_env(body.polar_env or c.env, overrides)
         params = body.responses_create_params.model_dump(exclude_none=True)
         instance = instance_from_row(body.model_extra or {}, instruction(params))
         if self.config.scripted:
@@ -254,7 +250,6 @@ class PolarAgent(SimpleResponsesAPIAgent):
         work_dir = self.config.work_dir or cache_dir() / "gym"
         return env, instance, work_dir / f"{rollout_id or instance.instance_id}-{uuid.uuid4().hex[:8]}"
 
-    # -- one episode (blocking: runs in a worker thread) ----------------------------------------------------------
     def _session_config(self, body: PolarRunRequest, env: PolarEnvSpec) -> dict[str, Any]:
         session_config = {**env.session}
         metadata = {**session_config.get("metadata", {}), "gym_agent": self.config.name}
@@ -263,113 +258,70 @@ class PolarAgent(SimpleResponsesAPIAgent):
         session_config["metadata"] = metadata
         return session_config
 
-    @staticmethod
-    def _base_metrics(env: PolarEnvSpec, instance: SWEInstance, session_dir: Path) -> dict[str, Any]:
-        return {
-            "instance_id": instance.instance_id,
-            "polar_env": env.name,
-            "harness": env.harness,
-            "session_dir": str(session_dir),
-        }
+    def _policy(self) -> VerdictPolicy:
+        """What ``staging: direct`` judges by: the same choices the gateway is given (see :meth:`_gateway`)."""
+        c = self.config
+        return VerdictPolicy.model_validate({"mask_main_chain_breaks": c.mask_main_chain_breaks, **c.gateway})
 
-    def _episode(
-        self, body: PolarRunRequest, env: PolarEnvSpec, instance: SWEInstance, session_dir: Path
-    ) -> PolarVerifyResponse:
+    # -- one episode (blocking: runs in a worker thread) ----------------------------------------------------------
+    def _episode(self, body: PolarRunRequest, env: PolarEnvSpec, instance: SWEInstance, attempt: AttemptDir) -> Episode:
         """``staging: direct``: prepare, run and grade in this thread."""
-        t0 = time.monotonic()
-        metrics = self._base_metrics(env, instance, session_dir)
         try:
-            episode = self.episode_runner(
+            return self.episode_runner(
                 get_harness(env.harness, **env.harness_options),
                 instance,
                 self._proxy_client(),
-                session_dir,
+                attempt.root,
                 runtime=self.config.runtime,
                 scripted=self.config.scripted,
                 timeout=self.config.timeout,
                 session_config=self._session_config(body, env),
+                policy=self._policy(),
             )
         except Exception as exc:  # an infrastructure failure is a masked sample, never a 500 for the whole batch
-            metrics["timings"] = {"episode_s": time.monotonic() - t0}
-            return self._respond(body, [], 0.0, "polar:episode_error", f"{type(exc).__name__}: {exc}", metrics)
-        return self._result(body, episode, session_dir, metrics, t0)
-
-    def _from_outcome(
-        self,
-        body: PolarRunRequest,
-        env: PolarEnvSpec,
-        instance: SWEInstance,
-        session_dir: Path,
-        outcome: SessionOutcome,
-        t0: float,
-    ) -> PolarVerifyResponse:
-        """``staging: gateway``: the gateway's outcome and the session directory it left."""
-        metrics = {**self._base_metrics(env, instance, session_dir), "stage_times": outcome.stage_times}
-        saved = session_dir / "session.json"
-        if outcome.status != "published" or not saved.exists():  # failed, cancelled, or over budget before RUN
-            metrics["timings"] = {"episode_s": time.monotonic() - t0}
-            kind = {"failed": "polar:episode_error", "cancelled": "polar:cancelled"}.get(outcome.status)
-            reason = outcome.reason or outcome.status
-            records = session_dir / "records.jsonl"
-            done = read_records(records) if records.exists() else []
-            return self._respond(body, [], 0.0, kind or "polar:session_budget", reason, metrics, done)
-        session = SessionResult.model_validate_json(saved.read_text())
-        records = session_dir / "records.jsonl"
-        session.records = read_records(records) if records.exists() else []
-        if outcome.grade is None and session.status == "completed":  # evaluation itself failed
-            metrics["timings"] = {"episode_s": time.monotonic() - t0}
-            reason = outcome.reason or "not graded"
-            return self._respond(body, [], 0.0, "verifier_error", reason, metrics, session.records)
-        episode = Episode(session=session, grade=outcome.grade)
-        # The gateway's own mask (e.g. cross_version: mask) holds even where the agent's checks would pass.
-        gateway_mask = outcome.reason if outcome.mask_sample else None
-        return self._result(body, episode, session_dir, metrics, t0, gateway_mask)
+            return Episode.failed("run_failed", f"{type(exc).__name__}: {exc}")
 
     def _result(
         self,
         body: PolarRunRequest,
+        env: PolarEnvSpec,
+        instance: SWEInstance,
+        attempt: AttemptDir,
         episode: Episode,
-        session_dir: Path,
-        metrics: dict[str, Any],
+        stage_times: dict[str, float],
         t0: float,
-        gateway_mask: str | None = None,
     ) -> PolarVerifyResponse:
-        t1 = time.monotonic()
-        session, grade = episode.session, episode.grade
-        build = prefix_merging(session.records)
-        main = sorted((t for t in build.traces if t.role == "main"), key=lambda t: t.segment)
-        delivered = main[0] if main else None
-        by_id = {r.call_id: r for r in session.records}
-        items = gym_output_items(delivered, by_id) if delivered else []
-        check_contiguous(items)  # true by construction; a violation must fail loudly, not reach the trainer
-        metrics |= _episode_metrics(episode, build, main, delivered)
-        metrics["timings"] = {
-            **{f"session_{k}": v for k, v in session.timings.items()},
-            **({f"grade_{k}": v for k, v in grade.timings.items()} if grade else {}),
-            "episode_s": t1 - t0,
-            "reconstruct_s": time.monotonic() - t1,
+        """The episode's verdict, main chain and metrics as the verify response (whichever way it ran)."""
+        metrics = {k: v for k, v in episode.metrics.items() if k in PolarVerifyResponse.model_fields}
+        metrics |= {
+            "instance_id": instance.instance_id,
+            "polar_env": env.name,
+            "harness": env.harness,
+            "session_dir": str(attempt.root),
+            "stage_times": stage_times,
+            "timings": {**episode.metrics.get("timings", {}), "episode_s": time.monotonic() - t0},
         }
-        kind, reason = _mask(episode, main, delivered, build, self.config.mask_main_chain_breaks)
-        if kind is None and gateway_mask is not None:
-            kind, reason = "polar:gateway_mask", gateway_mask
-        reward = grade.reward if grade is not None and not grade.mask_sample else 0.0
+        verdict = episode.verdict
+        records = attempt.read_records() if verdict.mask_sample and not episode.output else []
         if not self.config.keep_sessions:
-            shutil.rmtree(session_dir, ignore_errors=True)
+            shutil.rmtree(attempt.root, ignore_errors=True)
             metrics["session_dir"] = None
-        return self._respond(body, items, reward, kind, reason, metrics, session.records)
+        reward = verdict.reward if verdict.trainable and verdict.reward is not None else 0.0
+        return self._respond(body, episode.output, reward, verdict, metrics, records)
 
     def _respond(
         self,
         body: PolarRunRequest,
         items: list[dict[str, Any]],
         reward: float,
-        failure_kind: str | None,
-        failure_reason: str | None,
+        verdict: Verdict,
         metrics: dict[str, Any],
-        records: list[CallRecord] | None = None,
+        records: list[CallRecord],
     ) -> PolarVerifyResponse:
+        failure_kind = verdict.gym_failure_kind
+        failure_reason = verdict.reason if verdict.mask_sample else None
         if failure_kind is not None and not any(i.get("generation_token_ids") for i in items):
-            items = self._generation_items(body, records or [])
+            items = self._generation_items(body, records)
         output = [NeMoGymResponseOutputMessageForTraining.model_validate(item) for item in items]
         response = NeMoGymResponse(
             id=f"resp_{metrics.get('session_id') or uuid.uuid4().hex}",
@@ -472,6 +424,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
                         "run_slots": c.concurrency,
                         "agent_budget_s": c.timeout,
                         "session_budget_s": c.timeout + 1800,  # INIT and grading on top of the agent's run
+                        "mask_main_chain_breaks": c.mask_main_chain_breaks,
                         **c.gateway,
                     }
                 )
@@ -486,53 +439,3 @@ class PolarAgent(SimpleResponsesAPIAgent):
             for server in self._proxies:
                 server.__exit__(None, None, None)
             self._proxies.clear()
-
-
-def _episode_metrics(
-    episode: Episode, build: BuildResult, main: list[Trace], delivered: Trace | None
-) -> dict[str, Any]:
-    session, grade = episode.session, episode.grade
-    roles = Counter(t.role for t in build.traces)
-    agent_calls = sum(len(t.spans) for t in build.traces if t.role != "side")
-    delivered_calls = len(delivered.spans) if delivered else 0
-    return {
-        "session_id": session.session_id,
-        "session_status": session.status,
-        "grade_status": grade.status if grade else None,
-        "resolved": grade.resolved if grade else None,
-        "fail_to_pass": grade.fail_to_pass if grade else None,
-        "pass_to_pass": grade.pass_to_pass if grade else None,
-        "calls": session.calls,
-        "failed_calls": len(build.failed_call_ids),
-        "traces": len(build.traces),
-        "main_segments": len(main),
-        "subagent_chains": roles["subagent"],
-        "compaction_chains": roles["compaction"],
-        "side_chains": roles["side"],
-        "break_reasons": dict(build.break_reasons),
-        "delivered_calls": delivered_calls,
-        "delivered_fraction": delivered_calls / agent_calls if agent_calls else 0.0,
-        "trainable_tokens": delivered.trainable_tokens if delivered else 0,
-        "policy_versions": delivered.policy_versions if delivered else [],
-        "egress_refused": len(session.egress),
-    }
-
-
-def _mask(
-    episode: Episode, main: list[Trace], delivered: Trace | None, build: BuildResult, mask_breaks: bool
-) -> tuple[str | None, str | None]:
-    """``(failure_kind, failure_reason)`` when the sample must not be trained on, else ``(None, None)``."""
-    session, grade = episode.session, episode.grade
-    if session.status != "completed":
-        return SESSION_FAILURE_KINDS.get(session.status, f"polar:{session.status}"), session.error or session.status
-    if grade is None:
-        return "verifier_error", "the session completed but its patch was not graded"
-    if grade.mask_sample:
-        return f"polar:{grade.status}", grade.reason or grade.status
-    if delivered is None or not delivered.trainable_tokens:
-        failed = len(build.failed_call_ids)
-        return "polar:no_main_chain", f"no completed model call to train on ({session.calls} calls, {failed} failed)"
-    if mask_breaks and len(main) > 1:
-        reasons = ", ".join(sorted({t.break_reason or "unknown" for t in main[1:]}))
-        return "polar:main_chain_broken", f"the main chain broke into {len(main)} segments ({reasons})"
-    return None, None

@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from nemo_polar.env.gym import gym_root
-from nemo_polar.env.gym.envs import UnknownEnv, get_env
 from nemo_polar.env.gym.rows import validation_message
+from nemo_polar.env.specs import UnknownEnv, get_env
 from nemo_polar.proxy.sessions import SessionConfig
 
 # Keys of env.nemo_gym that NeMo-RL consumes itself and never hands to Gym (run_grpo_nemo_gym.py and

@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, tool_call_text
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.records import Api
 
 HARNESS_MOUNT = "/opt/polar/harness"  # where the pinned install appears inside a sandbox
 # Never part of a patch: harness state, caches and environments, wherever a CLI put them.
@@ -60,7 +59,6 @@ class Harness(ABC):
     package: ClassVar[str]
     version: ClassVar[str]
     bin: ClassVar[str]
-    api: ClassVar[Api]
     transcript_format: ClassVar[str] = "jsonl"  # what the CLI prints on stdout in the chosen output mode
 
     # -- installation (once, by `make setup`, into a shared prefix mounted read-only) -----------------------------

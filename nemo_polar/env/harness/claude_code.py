@@ -21,7 +21,6 @@ class ClaudeCode(Harness):
     package = "@anthropic-ai/claude-code"
     version = "2.1.330"
     bin = "claude"
-    api = "anthropic"
     transcript_format = "json"
 
     def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:

@@ -28,7 +28,6 @@ class Codex(Harness):
     package = "@openai/codex"
     version = "0.169.0"
     bin = "codex"
-    api = "responses"
 
     def __init__(self, context_window: int = 32768) -> None:
         self.context_window = context_window

@@ -14,7 +14,6 @@ class OpenCode(Harness):
     package = "opencode-ai"
     version = "1.18.33"
     bin = "opencode"
-    api = "chat"
 
     def __init__(self, context_window: int = 32768, max_tokens: int = 4096) -> None:
         self.context_window = context_window

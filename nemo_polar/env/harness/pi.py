@@ -13,7 +13,6 @@ class Pi(Harness):
     package = "@mariozechner/pi-coding-agent"
     version = "0.73.1"
     bin = "pi"
-    api = "chat"
 
     def __init__(self, context_window: int = 32768, max_tokens: int = 4096) -> None:
         self.context_window = context_window

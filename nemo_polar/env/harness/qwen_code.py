@@ -26,7 +26,6 @@ class QwenCode(Harness):
     package = "@qwen-code/qwen-code"
     version = "0.24.4"
     bin = "qwen"
-    api = "chat"
     transcript_format = "json"
 
     @classmethod

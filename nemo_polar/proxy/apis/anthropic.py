@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, sse, validate
-from nemo_polar.proxy.conversation import Conversation, Message, SamplingRequest, Tool, ToolCall, parts_text
+from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall, parts_text
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.sampling import SamplingParams
 
+_ID_PREFIX = "msg_"
 BILLING_HEADER = "x-anthropic-billing-header:"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -76,7 +79,7 @@ def parse(body: Any, *, count_only: bool = False) -> Conversation:
         messages=messages,
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice),
-        sampling=SamplingRequest(
+        sampling=SamplingParams(
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
@@ -172,7 +175,8 @@ def _usage(out: Output | None) -> dict[str, int]:
     }
 
 
-def build_response(conv: Conversation, out: Output, message_id: str) -> dict[str, Any]:
+def build_response(conv: Conversation, out: Output, body: Any) -> tuple[dict[str, Any], list[str]]:
+    """The whole ``message``; it names nothing a harness echoes beyond its tool-use ids."""
     content: list[dict[str, Any]] = []
     if out.reasoning:
         content.append({"type": "thinking", "thinking": out.reasoning, "signature": encode_reasoning(out.reasoning)})
@@ -180,8 +184,8 @@ def build_response(conv: Conversation, out: Output, message_id: str) -> dict[str
         content.append({"type": "text", "text": out.content})
     for call in out.tool_calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call)})
-    return {
-        "id": message_id,
+    payload = {
+        "id": new_id(_ID_PREFIX),
         "type": "message",
         "role": "assistant",
         "model": conv.model,
@@ -190,6 +194,11 @@ def build_response(conv: Conversation, out: Output, message_id: str) -> dict[str
         "stop_sequence": None,
         "usage": _usage(out),
     }
+    return payload, []
+
+
+def stream(conv: Conversation, body: Any) -> MessagesStream:
+    return MessagesStream(conv, new_id(_ID_PREFIX))
 
 
 def _input(call: ToolCall) -> dict[str, Any]:
@@ -200,7 +209,7 @@ def _input(call: ToolCall) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class MessagesStream:
+class MessagesStream(StreamEmitter):
     def __init__(self, conv: Conversation, message_id: str) -> None:
         self.conv = conv
         self.id = message_id
@@ -288,3 +297,18 @@ class MessagesStream:
 
     def echo_ids(self) -> list[str]:
         return []
+
+
+def parse_count(body: Any) -> Conversation:
+    """A ``/v1/messages/count_tokens`` body: no ``max_tokens``, nothing but what is rendered."""
+    return parse(body, count_only=True)
+
+
+ADAPTER = ApiAdapter(
+    name="anthropic",
+    parse=parse,
+    build_response=build_response,
+    stream=stream,
+    new_tool_call_id=new_tool_call_id,
+    parse_count=parse_count,
+)

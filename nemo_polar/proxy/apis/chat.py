@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, now, sse, validate
-from nemo_polar.proxy.conversation import Conversation, Message, SamplingRequest, Tool, ToolCall, parts_text
+from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall, parts_text
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, new_id
+from nemo_polar.proxy.output import Output, StreamEmitter, new_id
+from nemo_polar.proxy.sampling import SamplingParams
 
+_ID_PREFIX = "chatcmpl-"
 # Fields read below; anything else a harness sends (store, metadata, parallel_tool_calls, user, ...) is
 # accepted and not honoured, and listed in the record's request body as sent.
 _ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -46,7 +49,7 @@ def parse(body: Any) -> Conversation:
         messages=messages,
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice),
-        sampling=SamplingRequest(
+        sampling=SamplingParams(
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
@@ -131,23 +134,29 @@ def new_tool_call_id() -> str:
     return new_id("call_")
 
 
-def build_response(conv: Conversation, out: Output, response_id: str) -> dict[str, Any]:
+def build_response(conv: Conversation, out: Output, body: Any) -> tuple[dict[str, Any], list[str]]:
+    """The whole ``chat.completion``; it names nothing a harness echoes beyond its tool-call ids."""
     message: dict[str, Any] = {"role": "assistant", "content": out.content or None}
     if out.reasoning:
         message["reasoning_content"] = out.reasoning
     if out.tool_calls:
         message["tool_calls"] = [_tool_call_json(c) for c in out.tool_calls]
-    return {
-        "id": response_id,
+    payload = {
+        "id": new_id(_ID_PREFIX),
         "object": "chat.completion",
         "created": now(),
         "model": conv.model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": out.finish_reason}],
         "usage": _usage(out),
     }
+    return payload, []
 
 
-class ChatStream:
+def stream(conv: Conversation, body: Any) -> ChatStream:
+    return ChatStream(conv, new_id(_ID_PREFIX))
+
+
+class ChatStream(StreamEmitter):
     def __init__(self, conv: Conversation, response_id: str) -> None:
         self.conv = conv
         self.id = response_id
@@ -209,3 +218,8 @@ class ChatStream:
 
     def echo_ids(self) -> list[str]:
         return []
+
+
+ADAPTER = ApiAdapter(
+    name="chat", parse=parse, build_response=build_response, stream=stream, new_tool_call_id=new_tool_call_id
+)

@@ -30,10 +30,6 @@ def validate(model: type[T], body: Any) -> T:
         raise bad_request(f"invalid request: {where}: {first['msg']}", param=where) from None
 
 
-def ignored_fields(body: dict[str, Any], honoured: set[str]) -> list[str]:
-    return sorted(k for k in body if k not in honoured)
-
-
 def sse(data: Any, event: str | None = None) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""

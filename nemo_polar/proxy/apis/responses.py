@@ -13,20 +13,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, now, sse, validate
 from nemo_polar.proxy.conversation import (
     CUSTOM_INPUT_PARAM,
     Conversation,
     Message,
-    SamplingRequest,
     Tool,
     ToolCall,
     custom_tool_parameters,
     parts_text,
 )
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.sampling import SamplingParams
 
+_ID_PREFIX = "resp_"
 _ROLE = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _ASSISTANT_ITEMS = {"reasoning", "function_call", "custom_tool_call"}
 _OUTPUT_ITEMS = {"function_call_output": "function", "custom_tool_call_output": "custom"}
@@ -92,7 +94,7 @@ def parse(body: Any) -> Conversation:
         messages=messages,
         tools=tools,
         tool_choice=_tool_choice(req.tool_choice),
-        sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_output_tokens),
+        sampling=SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_output_tokens),
         stream=bool(req.stream),
         include_usage=True,
         ignored=ignored,
@@ -171,7 +173,7 @@ def new_tool_call_id() -> str:
     return new_id("call_")
 
 
-class ResponsesStream:
+class ResponsesStream(StreamEmitter):
     """Builds the Responses event sequence and, at the end, the full ``response`` object."""
 
     def __init__(self, conv: Conversation, response_id: str, body: dict[str, Any]) -> None:
@@ -409,17 +411,25 @@ def _custom_input(arguments: str) -> str:
     return arguments
 
 
-def build_response(
-    conv: Conversation, out: Output, response_id: str, body: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
-    """Non-streaming: run the same item builder and return the final response object and its echo ids."""
-    stream = ResponsesStream(conv, response_id, body)
+def stream(conv: Conversation, body: Any) -> ResponsesStream:
+    return ResponsesStream(conv, new_id(_ID_PREFIX), body)
+
+
+def build_response(conv: Conversation, out: Output, body: Any) -> tuple[dict[str, Any], list[str]]:
+    """Non-streaming: run the same item builder and return the final response object and its echo ids (the output
+    items' ids, which a harness echoes back)."""
+    builder = stream(conv, body)
     if out.reasoning:
-        stream.reasoning(out.reasoning)
+        builder.reasoning(out.reasoning)
     if out.content:
-        stream.text(out.content)
+        builder.text(out.content)
     for call in out.tool_calls:
-        stream.tool_call(call)
-    stream._close()
+        builder.tool_call(call)
+    builder._close()
     status = "incomplete" if out.finish_reason == "length" else "completed"
-    return stream.response(status, out), stream.echo_ids()
+    return builder.response(status, out), builder.echo_ids()
+
+
+ADAPTER = ApiAdapter(
+    name="responses", parse=parse, build_response=build_response, stream=stream, new_tool_call_id=new_tool_call_id
+)

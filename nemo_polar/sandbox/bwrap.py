@@ -3,8 +3,8 @@ the harness home writable, no capabilities, and no network but the relayed proxy
 
 from __future__ import annotations
 
-from nemo_polar.env.runtime.base import Runtime, SandboxPaths, SandboxSpec
-from nemo_polar.env.runtime.hostside import ETC, RunDir, base_env, require
+from nemo_polar.sandbox.base import Runtime, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 
 HOST_ETC = ["ssl", "ca-certificates", "localtime", "alternatives"]  # read-only, harmless, some tools expect them
 

@@ -31,7 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from nemo_polar.env.gateway import Gateway, GatewayConfig, RecoveryReport, SessionOutcome, SessionRequest
+from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.gateway.gateway import Gateway
+from nemo_polar.env.gateway.models import GatewayConfig, RecoveryReport, SessionOutcome, SessionRequest
+from nemo_polar.env.verdict import Verdict, VerdictKind
 from nemo_polar.proxy.client import ProxyClient
 
 
@@ -124,7 +127,7 @@ class ControllerConfig(BaseModel):
     gateways: Annotated[int, Field(ge=1)] | Literal["per_node"] = Field(
         default="per_node", description="how many gateway actors, or one pinned to each alive Ray node"
     )
-    gateway_cls: str | type = "nemo_polar.env.gateway:Gateway"
+    gateway_cls: str | type = "nemo_polar.env.gateway.gateway:Gateway"
     gateway: dict[str, Any] = Field(default_factory=dict, description="GatewayConfig fields except state_dir")
     max_redispatch: int = Field(default=1, ge=0, description="re-dispatches per request after gateway deaths")
     death_wait_s: float = Field(
@@ -290,7 +293,7 @@ class RolloutController:
                 outcome: SessionOutcome = await handle.actor.submit.remote(request)
             except RayActorError as exc:
                 await self._dead(handle)
-                saved = self.config.root / handle.name / rid / "outcome.json"
+                saved = AttemptDir(self.config.root / handle.name / rid).outcome
                 if saved.exists():  # finished before the death: its result stands, never run twice
                     return self._keep(SessionOutcome.model_validate_json(saved.read_text()), history)
                 if attempts >= self.config.max_redispatch:
@@ -305,8 +308,7 @@ class RolloutController:
             if rid in self._cancelled and outcome.status != "cancelled":
                 # The cancel reached the actor before the request did (async actors do not order calls):
                 # the gateway's rule still holds, a cancelled request publishes nothing trainable.
-                outcome.status, outcome.reward, outcome.mask_sample = "cancelled", None, True
-                outcome.reason = "cancelled"
+                outcome.status, outcome.verdict = "cancelled", Verdict(kind="cancelled", reason="cancelled")
             return self._keep(outcome, history)
 
     async def _dead(self, handle: _Handle) -> None:
@@ -334,7 +336,9 @@ class RolloutController:
     def _record(
         self, request: SessionRequest, status: Literal["cancelled", "failed"], reason: str, history: list[str]
     ) -> SessionOutcome:
-        outcome = SessionOutcome(request_id=request.request_id, status=status, reason=reason)
+        kind: VerdictKind = "cancelled" if status == "cancelled" else "gateway_failed"
+        verdict = Verdict(kind=kind, reason=reason)
+        outcome = SessionOutcome(request_id=request.request_id, status=status, verdict=verdict)
         return self._keep(outcome, history)
 
     def _keep(self, outcome: SessionOutcome, history: list[str]) -> SessionOutcome:

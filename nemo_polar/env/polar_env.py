@@ -17,22 +17,28 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, field_validator, model_validator
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
-from nemo_polar.env.gym.envs import get_env
+from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord, read_records
+from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
-from nemo_polar.reconstruct.rewards import assign, group_advantages
 from nemo_polar.reconstruct.trace import Trace
+from nemo_polar.rewards.advantages import assign, group_advantages
 from nemo_polar.rewards.instance import SWEInstance
 
 BUILDERS = {"prefix_merging": prefix_merging, "per_request": per_request}
 
 
 class PolarEnvConfig(BaseModel):
-    env: str = Field(default="polar_pi", description="a Polar env (conf/env/<name>.yaml): the harness and its session")
+    """Validated as given in Python, or straight from ``polar rollout``'s composed Hydra config (``conf/rollout.yaml``
+    has the same keys): there ``env`` is the composed env group, ``runtime`` and ``builder`` their groups."""
+
+    env: str | PolarEnvSpec = Field(
+        default="polar_pi", description="a Polar env (conf/env/<name>.yaml, or as composed): harness and session"
+    )
     proxy: ProxyClient = Field(description="the proxy in front of the policy engine")
     state_dir: Path = Field(description="gateway state: one directory per attempt (records, patch, outcome)")
     runtime: Literal["bwrap", "docker", "local"] = "bwrap"
@@ -49,9 +55,35 @@ class PolarEnvConfig(BaseModel):
     harness_options: dict[str, Any] = Field(default_factory=dict, description="merged over the env's")
     session: dict[str, Any] = Field(default_factory=dict, description="proxy SessionConfig fields over the env's")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hydra_groups(cls, data: Any) -> Any:
+        """Hydra's groups are mappings with a ``name``: ``runtime: {name: bwrap}``, ``builder: {name, <config>}``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("runtime"), dict):
+            data["runtime"] = data["runtime"].get("name")
+        if isinstance(data.get("builder"), dict):
+            builder = dict(data["builder"])
+            data["builder"] = builder.pop("name", "prefix_merging")
+            data["builder_config"] = {**builder, **(data.get("builder_config") or {})}
+        return data
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, env: str | PolarEnvSpec) -> str | PolarEnvSpec:
+        resolve_env(env)  # an unknown env name fails here, naming the known ones
+        return env
+
     def model_post_init(self, context: Any) -> None:
-        get_env(self.env)  # an unknown env name fails here, naming the known ones
+        self.spec()  # bad overrides fail here
         self.gateway_config()  # bad gateway fields too
+
+    def spec(self) -> PolarEnvSpec:
+        """The env with this config's overrides."""
+        overrides = EnvOverrides(harness_options=self.harness_options, session=self.session)
+        return resolve_env(self.env, overrides)
 
     def gateway_config(self) -> GatewayConfig:
         return GatewayConfig(state_dir=self.state_dir, runtime=self.runtime, **self.gateway)
@@ -71,7 +103,7 @@ class Sample(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def trainable(self) -> bool:
-        return self.outcome.status == "published" and not self.outcome.mask_sample and self.outcome.reward is not None
+        return self.outcome.status == "published" and self.outcome.verdict.trainable
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -101,7 +133,7 @@ class PolarEnv:
 
     def __init__(self, config: PolarEnvConfig) -> None:
         self.config = config
-        self.spec = get_env(config.env)
+        self.spec = config.spec()
 
     def requests(self, instances: Iterable[SWEInstance], n_samples: int) -> list[SessionRequest]:
         if n_samples < 1:
@@ -116,10 +148,10 @@ class PolarEnv:
                     SessionRequest(
                         request_id=request_id(inst.instance_id, k),
                         harness=spec.harness,
-                        harness_options={**spec.harness_options, **c.harness_options},
+                        harness_options=spec.harness_options,
                         instance=inst,
                         scripted=c.scripted,
-                        session_config={**spec.session, **c.session},
+                        session_config=spec.session,
                         group_id=inst.instance_id,
                         group_needed=c.early_stop,
                     )
@@ -160,8 +192,7 @@ class PolarEnv:
         return asyncio.run(self.acollect(instances, n_samples, **kw))
 
     def _sample(self, req: SessionRequest, index: int, outcome: SessionOutcome) -> Sample:
-        records_path = self.config.state_dir / req.request_id / "records.jsonl"
-        records = read_records(records_path) if records_path.exists() else []
+        records = AttemptDir(self.config.state_dir / req.request_id).read_records()
         traces = BUILDERS[self.config.builder](records, self.config.builder_config).traces if records else []
         return Sample(
             request_id=req.request_id,

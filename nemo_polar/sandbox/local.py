@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import os
 
-from nemo_polar.env.runtime.base import Runtime, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.base import Runtime, SandboxPaths, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 
 class LocalRuntime(Runtime):
     name = "local"
-    isolated = False
 
     @property
     def paths(self) -> SandboxPaths:

@@ -1,4 +1,5 @@
-"""A lightweight session for load tests of the gateway and its scale-out: instead of a Node CLI per session, a
+"""Public hooks put to use for tests and load tests. :class:`ChatLoopGateway`: a lightweight session for load tests
+of the gateway and its scale-out: instead of a Node CLI per session, a
 short agent loop of real chat calls through a real proxy session to the real engine (records and all), and an
 instant grade. It measures the gateway, the proxy and the engine — not how fast a CLI starts.
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
-from typing import Any
 
 import httpx
 
-from nemo_polar.env.gateway import Gateway, _Job
+from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.gateway.gateway import Gateway
+from nemo_polar.env.gateway.models import SessionRequest
 from nemo_polar.env.session import SessionResult, close_quietly, write_session
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
@@ -48,10 +51,15 @@ def reply_text(resp: httpx.Response) -> str:
 
 
 def chat_loop(
-    proxy: ProxyClient, job: _Job, options: dict[str, Any], http: httpx.Client | None = None
+    proxy: ProxyClient,
+    request: SessionRequest,
+    attempt: AttemptDir,
+    cancel: threading.Event,
+    http: httpx.Client | None = None,
 ) -> SessionResult:
     """One session's loop; ``http``: a shared client for the chat calls (else one is opened for the session)."""
-    meta = {"request_id": job.request.request_id}
+    options = request.harness_options
+    meta = {"request_id": request.request_id}
     config = {"sampling_overrides": {"max_tokens": options.get("max_tokens", 8)}, "metadata": meta}
     session_id, key = proxy.create_session(config)
     history = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
@@ -59,7 +67,7 @@ def chat_loop(
         with contextlib.ExitStack() as stack:
             client = http or stack.enter_context(httpx.Client(timeout=600))
             for turn in range(options.get("turns", 2)):
-                if job.cancel.is_set():
+                if cancel.is_set():
                     break
                 body = {"model": "local-model", "messages": history, "stream": turn % 2 == 1}
                 resp = client.post(
@@ -77,10 +85,10 @@ def chat_loop(
         harness="chat_loop",
         harness_version="0",
         runtime="none",
-        instance_id=job.request.instance.instance_id,
+        instance_id=request.instance.instance_id,
         status="completed",
         exit_code=0,
-        session_dir=job.dir,
+        session_dir=attempt.root,
         records=records,
         calls=len(records),
     )
@@ -95,8 +103,11 @@ class ChatLoopGateway(Gateway):
     # context), which at soak rates is more than the session itself.
     http: httpx.Client | None = None
 
-    def _prepare(self, job: _Job) -> InstantGrade:  # type: ignore[override]
-        return InstantGrade(job.request.instance.instance_id)
+    def prepare(self, request: SessionRequest, attempt: AttemptDir) -> InstantGrade:
+        attempt.root.mkdir(parents=True, exist_ok=True)
+        return InstantGrade(request.instance.instance_id)
 
-    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        return chat_loop(job.request.proxy or self.proxy, job, job.request.harness_options, self.http)
+    def run_harness(
+        self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
+    ) -> SessionResult:
+        return chat_loop(request.proxy or self.proxy, request, attempt, cancel, self.http)

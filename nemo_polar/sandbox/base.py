@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.runtime.egress import EgressAttempt, EgressAudit
+from nemo_polar.sandbox.egress import EgressAttempt, EgressAudit
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -60,7 +60,6 @@ PROXY_UNREACHABLE = 97  # exit status of the sandbox init when the proxy does no
 
 class Runtime(ABC):
     name: ClassVar[str]
-    isolated: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.spec: SandboxSpec | None = None

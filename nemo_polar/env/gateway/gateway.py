@@ -4,15 +4,19 @@ later sessions and grading earlier ones overlap the harness runs that keep the e
 - INIT (``init_workers``): session directory, the task workspace, and the evaluator's fresh sandbox (prewarm).
 - READY: a bounded buffer of prepared sessions (``ready_buffer``), so INIT runs ahead but not unboundedly.
 - RUN (``run_slots``): the real CLI through a proxy session, under the agent budget.
-- POSTRUN (``post_workers``): grade in the prewarmed sandbox, reconstruct (prefix merging), publish.
+- POSTRUN (``post_workers``): grade in the prewarmed sandbox, reconstruct (prefix merging), judge, publish.
+
+The stage bodies are :mod:`nemo_polar.env.episode`'s stage functions, behind public hooks (:meth:`Gateway.prepare`,
+:meth:`Gateway.run_harness`, :meth:`Gateway.conclude`) that a load test or a simulation overrides
+(:mod:`.testing`).
 
 Budgets: ``session_budget_s`` from INIT, ``agent_budget_s`` from RUN. Cancellation works at every stage (a running
 harness is killed) and a cancelled session never publishes a trainable result. State lives on disk under
-``state_dir/<request_id>/``: a restart loses no finished result, re-delivers undelivered ones and reports what it
-could not finish. Results go to a local queue and/or a callback URL, at least once, with the request id as the
-idempotency key. Memory holds unfinished sessions only (a training run submits without end): a finished job
-leaves ``jobs`` and answers from its ``outcome.json``, a group leaves with its last live job, and stage depths are
-counters kept on every stage change rather than scans.
+``state_dir/<request_id>/`` (an :class:`~nemo_polar.env.attempt.AttemptDir`): a restart loses no finished result,
+re-delivers undelivered ones and reports what it could not finish. Results go to a local queue and/or a callback
+URL, at least once, with the request id as the idempotency key. Memory holds unfinished sessions only (a training
+run submits without end): a finished job leaves ``jobs`` and answers from its ``outcome.json``, a group leaves with
+its last live job, and stage depths are counters kept on every stage change rather than scans.
 """
 
 from __future__ import annotations
@@ -20,108 +24,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
-from pydantic import BaseModel, Field, field_validator
 
-from nemo_polar.env.episode import task_environment
-from nemo_polar.env.gateway_metrics import GatewayMetrics
+from nemo_polar.env import episode
+from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.episode import Episode, Grader
+from nemo_polar.env.gateway.metrics import GatewayMetrics
+from nemo_polar.env.gateway.models import (
+    LIVE_STAGES,
+    GatewayConfig,
+    RecoveryReport,
+    SessionOutcome,
+    SessionRequest,
+    Stage,
+)
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.runtime import get_runtime
-from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import SessionResult, run_session
-from nemo_polar.env.workspace import prepare_workspace
+from nemo_polar.env.session import SessionResult
+from nemo_polar.env.verdict import Verdict
 from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.reconstruct.builders import prefix_merging
-from nemo_polar.reconstruct.io import gym_output_items
-from nemo_polar.rewards.grader import Evaluator, GradeResult
-from nemo_polar.rewards.instance import SWEInstance
+from nemo_polar.rewards.grader import GradeResult
 
-Stage = Literal["queued", "init", "ready", "run", "postrun", "done"]
-LIVE_STAGES: tuple[Stage, ...] = ("queued", "init", "ready", "run", "postrun")
 T = TypeVar("T")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-class GatewayConfig(BaseModel):
-    state_dir: Path
-    runtime: str = "bwrap"
-    init_workers: int = Field(default=2, ge=1)
-    run_slots: int = Field(default=4, ge=1)
-    post_workers: int = Field(default=2, ge=1)
-    ready_buffer: int = Field(default=4, ge=1)
-    session_budget_s: float = Field(default=3600.0, gt=0)
-    agent_budget_s: float = Field(default=1800.0, gt=0)
-    cross_version: Literal["keep", "mask"] = Field(
-        default="keep", description="sessions whose calls span policy versions: keep (importance-correct) or mask"
-    )
-    callback_url: str | None = None
-    callback_attempts: int = Field(default=5, ge=1)
-    results_buffer: int = Field(
-        default=1024,
-        ge=1,
-        description="outcomes kept in Gateway.results until taken; past that the oldest is dropped (it stays in its "
-        "future, in outcome.json and with the callback)",
-    )
-
-
-class SessionRequest(BaseModel):
-    request_id: str = Field(description="idempotency key; also names the session directory")
-    harness: str
-    harness_options: dict[str, Any] = Field(default_factory=dict)
-    instance: SWEInstance
-    scripted: bool = False
-    session_config: dict[str, Any] = Field(default_factory=dict)
-    group_id: str | None = None
-    group_needed: int | None = Field(default=None, description="results that complete the group: stop stragglers")
-    proxy: ProxyClient | None = Field(
-        default=None, exclude=True, description="the proxy this session's CLI talks to; default: the gateway's"
-    )
-
-    @field_validator("request_id")
-    @classmethod
-    def _safe_id(cls, value: str) -> str:
-        if not REQUEST_ID.match(value):
-            raise ValueError(f"request_id {value!r} must match {REQUEST_ID.pattern}")
-        return value
-
-
-class SessionOutcome(BaseModel):
-    request_id: str
-    status: Literal["published", "cancelled", "failed"]
-    reward: float | None = None
-    mask_sample: bool = True
-    reason: str | None = None
-    session_status: str | None = None
-    grade: GradeResult | None = None
-    output: list[dict[str, Any]] = Field(default_factory=list, description="main chain as NeMo Gym output items")
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    stage_times: dict[str, float] = Field(default_factory=dict, description="stage -> wall-clock time entered")
-
-
-class RecoveryReport(BaseModel):
-    finished: list[str] = Field(default_factory=list)
-    redelivered: list[str] = Field(default_factory=list)
-    unfinished: dict[str, str] = Field(default_factory=dict, description="request id -> the stage it was in")
 
 
 class _Job:
-    def __init__(self, request: SessionRequest, directory: Path) -> None:
+    def __init__(self, request: SessionRequest, attempt: AttemptDir) -> None:
         self.request = request
-        self.dir = directory
+        self.attempt = attempt
         self.cancel = threading.Event()
         self.stage: Stage = "queued"
         self.stage_times: dict[str, float] = {}
         self.started = time.monotonic()
-        self.evaluator: Evaluator | None = None
+        self.grader: Grader | None = None
         self.session: SessionResult | None = None
         self.done: asyncio.Future[SessionOutcome] = asyncio.get_running_loop().create_future()
 
@@ -150,6 +91,45 @@ class Gateway:
         # another (asyncio's default executor has only cpu_count + 4 threads).
         self._threads = ThreadPoolExecutor(max_workers=config.init_workers + config.run_slots + config.post_workers)
         config.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def attempt(self, request_id: str) -> AttemptDir:
+        return AttemptDir(self.config.state_dir / request_id)
+
+    # -- the stage hooks: what one session does in each stage (blocking; they run in the stage's worker thread) ----
+    def prepare(self, request: SessionRequest, attempt: AttemptDir) -> Grader:
+        """INIT: the workspace and the grader's prewarmed sandbox."""
+        return episode.prepare(request.instance, attempt, self.config.runtime)
+
+    def run_harness(
+        self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
+    ) -> SessionResult:
+        """RUN: the CLI through ``request.proxy`` (else the gateway's), within ``budget`` seconds."""
+        metadata = {"request_id": request.request_id, "group_id": request.group_id}
+        return episode.run_harness(
+            get_harness(request.harness, **request.harness_options),
+            request.instance,
+            self.config.runtime,
+            request.proxy or self.proxy,
+            attempt,
+            scripted=request.scripted,
+            session_config={**request.session_config, "metadata": metadata},
+            timeout=max(budget, 1.0),
+            cancel=cancel,
+        )
+
+    def conclude(
+        self,
+        request: SessionRequest,
+        attempt: AttemptDir,
+        session: SessionResult,
+        grade: GradeResult | None,
+        grade_error: str | None,
+    ) -> Episode:
+        """POSTRUN, after grading: reconstruct and judge under the gateway's verdict policy."""
+        return episode.conclude(session, grade, self.config.policy, attempt, grade_error=grade_error)
+
+    def finished(self, request: SessionRequest, outcome: SessionOutcome) -> None:
+        """Called on the gateway's loop once an outcome is on disk and in its future, before it is delivered."""
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> RecoveryReport:
@@ -181,19 +161,19 @@ class Gateway:
     async def submit(self, request: SessionRequest) -> asyncio.Future[SessionOutcome]:
         if request.request_id in self.jobs:
             return self.jobs[request.request_id].done  # idempotent
-        directory = self.config.state_dir / request.request_id
-        if (directory / "outcome.json").exists():  # finished before a restart: never run twice
+        attempt = self.attempt(request.request_id)
+        if attempt.outcome.exists():  # finished before a restart: never run twice
             fut: asyncio.Future[SessionOutcome] = asyncio.get_running_loop().create_future()
-            fut.set_result(SessionOutcome.model_validate_json((directory / "outcome.json").read_text()))
+            fut.set_result(SessionOutcome.model_validate_json(attempt.outcome.read_text()))
             return fut
-        if directory.exists():  # interrupted before a restart: the attempt starts over from a clean directory
-            shutil.rmtree(directory)
-        job = _Job(request, directory)
+        if attempt.root.exists():  # interrupted before a restart: the attempt starts over from a clean directory
+            shutil.rmtree(attempt.root)
+        job = _Job(request, attempt)
         self.jobs[request.request_id] = job
         if request.group_id is not None:
             self._group_jobs.setdefault(request.group_id, set()).add(request.request_id)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "request.json").write_text(request.model_dump_json(indent=2))
+        attempt.root.mkdir(parents=True, exist_ok=True)
+        attempt.request.write_text(request.model_dump_json(indent=2))
         self._enter(job, "queued")
         await self._init_q.put(job)
         return job.done
@@ -204,7 +184,7 @@ class Gateway:
             return False
         job.cancel.set()
         if job.stage in ("queued", "ready"):  # not being worked on: finish now, the worker will skip it
-            self._finish(job, "cancelled", reason="cancelled")
+            self._finish(job, "cancelled", Episode.failed("cancelled", "cancelled"))
         return True
 
     async def pause(self, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -236,17 +216,12 @@ class Gateway:
             return
         self._enter(job, "init")
         try:
-            job.evaluator = await self._blocking(self._prepare, job)
+            job.grader = await self._blocking(self.prepare, job.request, job.attempt)
         except Exception as exc:  # a broken instance or runtime: reported, never trained on
-            self._finish(job, "failed", reason=f"init failed: {exc}")
+            self._finish(job, "failed", Episode.failed("init_failed", f"init failed: {exc}"))
             return
         self._enter(job, "ready")
         await self._ready_q.put(job)
-
-    def _prepare(self, job: _Job) -> Evaluator:
-        inst = job.request.instance
-        prepare_workspace(inst.task(), job.dir / "workspace")
-        return Evaluator(inst, self.config.runtime, work_dir=job.dir / "eval").prepare()
 
     async def _run(self) -> None:
         job = await self._ready_q.get()
@@ -255,50 +230,33 @@ class Gateway:
         self._enter(job, "run")
         budget = min(self.config.agent_budget_s, job.remaining(self.config.session_budget_s))
         try:
-            job.session = await self._blocking(self._run_harness, job, budget)
+            job.session = await self._blocking(self.run_harness, job.request, job.attempt, budget, job.cancel)
         except Exception as exc:
-            self._finish(job, "failed", reason=f"harness run failed: {exc}")
+            self._finish(job, "failed", Episode.failed("run_failed", f"harness run failed: {exc}"))
             return
         if self._stopped(job):
             return
         self._enter(job, "postrun")
         await self._post_q.put(job)
 
-    def _run_harness(self, job: _Job, budget: float) -> SessionResult:
-        req = job.request
-        mounts, env = task_environment(req.instance)
-        script = script_adapter.validate_python(req.instance.script) if req.scripted and req.instance.script else None
-        config = {**req.session_config, "metadata": {"request_id": req.request_id, "group_id": req.group_id}}
-        return run_session(
-            get_harness(req.harness, **req.harness_options),
-            req.instance.task(),
-            get_runtime(self.config.runtime),
-            req.proxy or self.proxy,
-            job.dir,
-            script=script,
-            session_config=config,
-            timeout=max(budget, 1.0),
-            mounts=mounts,
-            env=env,
-            workspace_ready=True,
-            cancel=job.cancel,
-        )
-
     async def _post(self) -> None:
         job = await self._post_q.get()
         if self._stopped(job):
             return
-        session = job.session
-        assert session is not None and job.evaluator is not None
-        if session.status != "completed":
-            self._finish(job, "published", reason=f"harness session {session.status}: {session.error}")
-            return
+        session, grader = job.session, job.grader
+        assert session is not None and grader is not None
+        grade, error = None, None
+        if session.status == "completed":
+            try:
+                grade = await self._blocking(episode.grade, grader, session, job.attempt)
+            except Exception as exc:
+                error = f"evaluation failed: {exc}"
         try:
-            grade = await self._blocking(job.evaluator.grade, session.patch)
-        except Exception as exc:
-            self._finish(job, "published", reason=f"evaluation failed: {exc}")
-            return
-        self._finish(job, "published", grade=grade)
+            result = await self._blocking(self.conclude, job.request, job.attempt, session, grade, error)
+        except Exception as exc:  # a reconstruction bug must not kill the POSTRUN worker or strand the job
+            verdict = Verdict(kind="reconstruction_failed", reason=f"reconstruction failed: {exc!r}")
+            result = Episode(verdict=verdict, session=session, grade=grade)
+        self._finish(job, "published", result)
 
     # -- outcome -----------------------------------------------------------------------------------------------
     def _stopped(self, job: _Job) -> bool:
@@ -306,10 +264,11 @@ class Gateway:
         if job.done.done():
             return True
         if job.cancel.is_set():
-            self._finish(job, "cancelled", reason="cancelled")
+            self._finish(job, "cancelled", Episode.failed("cancelled", "cancelled"))
             return True
         if job.remaining(self.config.session_budget_s) <= 0:
-            self._finish(job, "published", reason=f"session budget of {self.config.session_budget_s:.0f} s exceeded")
+            reason = f"session budget of {self.config.session_budget_s:.0f} s exceeded"
+            self._finish(job, "published", Episode.failed("budget_exceeded", reason))
             return True
         return False
 
@@ -322,36 +281,32 @@ class Gateway:
             self._depths[stage] += 1
         job.stage = stage
         job.stage_times[stage] = time.time()
-        (job.dir / "state.json").write_text(json.dumps({"stage": stage, "stage_times": job.stage_times}))
+        job.attempt.state.write_text(json.dumps({"stage": stage, "stage_times": job.stage_times}))
 
-    def _finish(
-        self,
-        job: _Job,
-        status: Literal["published", "cancelled", "failed"],
-        *,
-        reason: str | None = None,
-        grade: GradeResult | None = None,
-    ) -> None:
+    def _finish(self, job: _Job, status: Literal["published", "cancelled", "failed"], result: Episode) -> None:
         if job.done.done():
             return
         if job.cancel.is_set():  # a cancel that raced with the run still wins: nothing trainable is published
-            status, reason, grade = "cancelled", reason or "cancelled", None
+            reason = result.verdict.reason if result.verdict.kind == "cancelled" else "cancelled"
+            status, result = "cancelled", Episode.failed("cancelled", reason or "cancelled")
         session = job.session
-        outcome = SessionOutcome(request_id=job.request.request_id, status=status, reason=reason, grade=grade)
-        outcome.session_status = session.status if session else None
-        if grade is not None and session is not None:
-            try:
-                outcome = self._with_traces(outcome, session, grade)
-            except Exception as exc:  # a reconstruction bug must not kill the POSTRUN worker or strand the job
-                outcome.reward, outcome.mask_sample = grade.reward, True
-                outcome.reason = f"reconstruction failed: {exc!r}"
-        if job.evaluator is not None:
-            job.evaluator.close()
+        outcome = SessionOutcome(
+            request_id=job.request.request_id,
+            status=status,
+            verdict=result.verdict,
+            session_status=session.status if session else None,
+            grade=result.grade,
+            output=result.output,
+            metrics=result.metrics,
+        )
+        if job.grader is not None:
+            job.grader.close()
         self._enter(job, "done")
         outcome.stage_times = dict(job.stage_times)
-        (job.dir / "outcome.json").write_text(outcome.model_dump_json(indent=2))
+        job.attempt.outcome.write_text(outcome.model_dump_json(indent=2))
         job.done.set_result(outcome)
         del self.jobs[job.request.request_id]  # from now on submit() answers from outcome.json
+        self.finished(job.request, outcome)
         self.metrics.finish(outcome)
         if self.results.full():  # nobody is taking them: the oldest goes (it is in its future and on disk)
             self.results.get_nowait()
@@ -361,30 +316,6 @@ class Gateway:
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
         self._group_done(job, outcome)
-
-    def _with_traces(self, outcome: SessionOutcome, session: SessionResult, grade: GradeResult) -> SessionOutcome:
-        built = prefix_merging(session.records)
-        main = [t for t in built.traces if t.role == "main"]
-        versions = sorted({v for t in built.traces for v in t.policy_versions if v is not None})
-        outcome.metrics = {
-            **built.stats,
-            "calls": len(session.records),
-            "policy_versions": versions,
-            "grade_status": grade.status,
-            "fail_to_pass": grade.fail_to_pass,
-            "pass_to_pass": grade.pass_to_pass,
-            "harness_s": session.timings.get("run_s"),
-        }
-        outcome.reward, outcome.mask_sample, outcome.reason = grade.reward, grade.mask_sample, grade.reason
-        if not main:
-            outcome.mask_sample, outcome.reason = True, "no main chain to train on"
-        elif len(main) > 1:
-            outcome.metrics["main_segments"] = len(main)
-        if len(versions) > 1 and self.config.cross_version == "mask":
-            outcome.mask_sample, outcome.reason = True, f"calls span policy versions {versions}"
-        if main:
-            outcome.output = gym_output_items(main[0], {r.call_id: r for r in session.records})
-        return outcome
 
     def _group_done(self, job: _Job, outcome: SessionOutcome) -> None:
         req, gid = job.request, job.request.group_id
@@ -403,7 +334,7 @@ class Gateway:
 
     async def _deliver(self, outcome: SessionOutcome) -> None:
         assert self.config.callback_url
-        marker = self.config.state_dir / outcome.request_id / "delivered.json"
+        marker = self.attempt(outcome.request_id).delivered
         headers = {"Idempotency-Key": outcome.request_id}
         async with httpx.AsyncClient(timeout=30) as client:
             for attempt in range(self.config.callback_attempts):
@@ -422,14 +353,15 @@ class Gateway:
         sessions that were mid-flight are reported with the stage they reached."""
         report = RecoveryReport()
         for directory in sorted(p for p in self.config.state_dir.iterdir() if p.is_dir()):
-            if (directory / "outcome.json").exists():
-                report.finished.append(directory.name)
-                if self.config.callback_url and not (directory / "delivered.json").exists():
-                    outcome = SessionOutcome.model_validate_json((directory / "outcome.json").read_text())
+            attempt = AttemptDir(directory)
+            if attempt.outcome.exists():
+                report.finished.append(attempt.name)
+                if self.config.callback_url and not attempt.delivered.exists():
+                    outcome = SessionOutcome.model_validate_json(attempt.outcome.read_text())
                     await self._deliver(outcome)
-                    report.redelivered.append(directory.name)
-            elif (directory / "state.json").exists():
-                report.unfinished[directory.name] = json.loads((directory / "state.json").read_text())["stage"]
+                    report.redelivered.append(attempt.name)
+            elif attempt.state.exists():
+                report.unfinished[attempt.name] = json.loads(attempt.state.read_text())["stage"]
         return report
 
 

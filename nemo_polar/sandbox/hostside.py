@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from nemo_polar.env.runtime.base import PROXY_PORT, RuntimeUnavailable, SandboxSpec, kill_group
-from nemo_polar.env.runtime.egress import EgressAudit
+from nemo_polar.sandbox.base import PROXY_PORT, RuntimeUnavailable, SandboxSpec, kill_group
+from nemo_polar.sandbox.egress import EgressAudit
 
 INIT = Path(__file__).with_name("init.sh")
 ETC = {

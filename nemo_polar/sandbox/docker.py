@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_polar.env.runtime.base import PROXY_PORT, ExecResult, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
-from nemo_polar.env.runtime.hostside import ETC, RunDir, base_env, require
+from nemo_polar.sandbox.base import PROXY_PORT, ExecResult, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 
 if TYPE_CHECKING:
     from docker import DockerClient

@@ -1,5 +1,5 @@
 """Prometheus metrics for one rollout gateway: stage queue depths, sessions entering each stage, time spent per
-stage, outcomes by status and a short reason kind, and rewards.
+stage, outcomes by status and verdict kind, and rewards.
 
 Each gateway owns its own registry (several gateways, or tests, in one process never collide); mount
 ``Gateway.metrics_app()`` in whatever server hosts the gateway to expose ``/metrics``.
@@ -9,37 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from nemo_polar.env.gateway import SessionOutcome
+from nemo_polar.env.gateway.models import SessionOutcome
 
 # From a queued session picked up at once to a harness run at the agent budget.
 STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 REWARD_BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0)  # no negative bound: prometheus_client then drops _sum
-
-
-def reason_kind(outcome: SessionOutcome) -> str:
-    """A short, bounded label for why an outcome is, or is not, trainable (the full reason stays in the outcome)."""
-    if outcome.status == "cancelled":
-        return "cancelled"
-    if outcome.status == "failed":
-        return "harness_failed" if "run" in outcome.stage_times else "init_failed"
-    if not outcome.mask_sample:
-        return "trainable"
-    if outcome.session_status not in (None, "completed"):
-        return outcome.session_status  # timeout, harness_error, proxy_unreachable
-    if outcome.grade is None:
-        return "budget_exceeded" if "budget" in (outcome.reason or "") else "evaluation_failed"
-    if outcome.grade.mask_sample:
-        return f"grade_{outcome.grade.status}"  # tests_timeout, infra_failure
-    if "policy versions" in (outcome.reason or ""):
-        return "cross_version"
-    return "no_main_chain"
 
 
 class _Depths(Collector):
@@ -66,7 +46,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.outcomes = Counter(
-            "polar_gateway_outcomes", "Finished sessions by status and reason kind", ["status", "kind"], registry=r
+            "polar_gateway_outcomes", "Finished sessions by status and verdict kind", ["status", "kind"], registry=r
         )
         self.rewards = Histogram(
             "polar_gateway_reward", "Rewards of graded sessions", buckets=REWARD_BUCKETS, registry=r
@@ -80,7 +60,7 @@ class GatewayMetrics:
             self.stage_seconds.labels(previous).observe(max(time.time() - since, 0.0))
 
     def finish(self, outcome: SessionOutcome) -> None:
-        self.outcomes.labels(outcome.status, reason_kind(outcome)).inc()
+        self.outcomes.labels(outcome.status, outcome.verdict.kind).inc()
         if outcome.reward is not None:
             self.rewards.observe(outcome.reward)
 

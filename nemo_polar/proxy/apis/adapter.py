@@ -1,0 +1,33 @@
+"""The interface a provider API implements: one :class:`ApiAdapter` per API, defined at the end of its module
+(``chat.py``, ``responses.py``, ``anthropic.py``) and listed in :data:`nemo_polar.proxy.apis.ADAPTERS`.
+
+A new provider API is one module that ends with its ``ADAPTER``, one line in that registry, its name in the ``Api``
+literal (``proxy/records.py``) and its route in ``proxy/app.py``; the proxy and the offline export reach every API
+only through the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_polar.proxy.conversation import Conversation
+from nemo_polar.proxy.output import Output, StreamEmitter
+from nemo_polar.proxy.records import Api
+
+
+@dataclass(frozen=True)
+class ApiAdapter:
+    name: Api
+    parse: Callable[[Any], Conversation]
+    """The request body (parsed JSON) as a normalised conversation; a :class:`ProxyError` 400 if it is malformed."""
+    build_response: Callable[[Conversation, Output, Any], tuple[dict[str, Any], list[str]]]
+    """Non-streaming: ``(conversation, output, request body) -> (response payload, echo ids)``; the echo ids are the
+    ids the response carries that a harness sends back to name this turn (beyond its tool-call ids)."""
+    stream: Callable[[Conversation, Any], StreamEmitter]
+    """Streaming: ``(conversation, request body) -> the emitter`` of this API's SSE frames for one response."""
+    new_tool_call_id: Callable[[], str]
+    """A fresh id, in this API's format, for a tool call the model made."""
+    parse_count: Callable[[Any], Conversation] | None = None
+    """The body of this API's token-count request (``/v1/messages/count_tokens``), if it has one."""
