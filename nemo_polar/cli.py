@@ -97,12 +97,36 @@ def _reconstruct(args: argparse.Namespace) -> int:
             if not report.ok:
                 return 1
     if args.command == "reconstruct":
+        summary: dict[str, object] = {"traces": len(traces), "failed_calls": failed, "format": args.format}
+        if args.rollout_id and args.format != "gym-token-entries":
+            raise SystemExit("polar reconstruct: --rollout-id is for --format gym-token-entries")
         try:
-            export(traces, by_id, args.output, args.format)
+            if args.format == "gym-token-entries":
+                summary["entries"] = _gym_token_entries(sessions, args.output, args.rollout_id or [])
+            else:
+                export(traces, by_id, args.output, args.format)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"polar reconstruct: {exc}") from None
-        print(json.dumps({"traces": len(traces), "failed_calls": failed, "format": args.format, "sessions": stats}))
+        print(json.dumps({**summary, "sessions": stats}))
     return 0
+
+
+def _gym_token_entries(sessions: dict[str, list], out: Path, pairs: list[str]) -> int:
+    """NeMo Gym ``TokenEntry`` records, one per call, into a Gym token store directory (needs nemo-gym; dispatched
+    here because ``reconstruct/`` may not import ``env/gym``)."""
+    rollout_ids = {}
+    for pair in pairs:
+        session_id, sep, rollout_id = pair.partition("=")
+        if not sep or not session_id or not rollout_id:
+            raise ValueError(f"--rollout-id wants SESSION_ID=ROLLOUT_ID, got {pair!r}")
+        rollout_ids[session_id] = rollout_id
+    if unknown := sorted(set(rollout_ids) - set(sessions)):
+        raise ValueError(f"--rollout-id names sessions not in the records: {', '.join(unknown)}")
+    try:
+        from nemo_polar.env.gym.tokens import export_sessions, write_token_store
+    except ImportError as exc:
+        raise SystemExit(f"polar reconstruct: --format gym-token-entries needs nemo-gym ({exc})") from None
+    return write_token_store(export_sessions(sessions, rollout_ids), out)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -279,12 +303,21 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("records", nargs="+", type=Path, help="the proxy's per-session JSONL files")
         cmd.add_argument("--builder", choices=["per_request", "prefix_merging"], default="prefix_merging")
         if name == "reconstruct":
-            cmd.add_argument("-o", "--output", type=Path, required=True, help="the output file")
+            cmd.add_argument(
+                "-o", "--output", type=Path, required=True, help="the output file (a directory for gym-token-entries)"
+            )
             cmd.add_argument(
                 "--format",
-                choices=["traces", "gym", "sft-jsonl", "sft-parquet"],
+                choices=["traces", "gym", "sft-jsonl", "sft-parquet", "gym-token-entries"],
                 default="traces",
-                help="traces JSONL (default), NeMo Gym result rows, or SFT rows (chat messages + token fields)",
+                help="traces JSONL (default), NeMo Gym result rows, SFT rows (chat messages + token fields), or NeMo "
+                "Gym TokenEntry records, one per call, in a Gym token store directory (rollout id = session id)",
+            )
+            cmd.add_argument(
+                "--rollout-id",
+                action="append",
+                metavar="SESSION_ID=ROLLOUT_ID",
+                help="gym-token-entries: the Gym rollout id of a session (repeatable)",
             )
         else:
             cmd.add_argument(

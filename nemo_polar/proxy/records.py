@@ -4,6 +4,11 @@ A record is written (and fsync'd) before the harness sees the end of the respons
 session, and every downstream consumer, can rely on it. A failed call is recorded with ``error`` set and is
 never confused with a complete one: ``complete`` is true only for a call whose sampled ids and logprobs
 came from a finished engine generation.
+
+Every record carries ``schema_version`` (:data:`RECORD_SCHEMA_VERSION`). Records outlive the proxy that wrote them and
+are read by other processes (the trainer, ``polar reconstruct``) that may be older: unknown fields are ignored on
+load, so a reader must refuse a record newer than it understands rather than silently drop what changed (NeMo Gym's
+``TokenEntry`` readers do the same). Records written before the field existed load as version 1.
 """
 
 from __future__ import annotations
@@ -16,15 +21,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from nemo_polar.proxy.sampling import SamplingParams
 
 Api = Literal["chat", "responses", "anthropic"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
 
+# Bump when a field's meaning changes or a field a reader must not ignore is added; readers refuse newer records.
+RECORD_SCHEMA_VERSION = 1
+
+
+def newer_schema_error(version: object) -> str | None:
+    """Why a record of ``version`` cannot be read here, or ``None`` when it can (a missing version is 1)."""
+    if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_SCHEMA_VERSION:
+        return (
+            f"call record schema_version {version} is newer than this reader understands "
+            f"(up to {RECORD_SCHEMA_VERSION}); upgrade nemo_polar to read it"
+        )
+    return None
+
 
 class CallRecord(BaseModel):
+    schema_version: int = Field(default=RECORD_SCHEMA_VERSION, ge=1, description="the record format's version")
     call_id: str
     session_id: str
     api: Api
@@ -46,6 +65,12 @@ class CallRecord(BaseModel):
     status_code: int = 200
     error: str | None = None
     complete: bool = False
+
+    @model_validator(mode="after")
+    def _refuse_a_newer_record(self) -> CallRecord:
+        if (why := newer_schema_error(self.schema_version)) is not None:
+            raise ValueError(why)
+        return self
 
     def mark_failed(self, message: str, status_code: int) -> CallRecord:
         self.error = message
@@ -85,14 +110,22 @@ class RecordWriter:
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, CallRecord]]:
-    """``(line number, record)`` for a session's JSONL; a corrupt line raises naming the file and line."""
+    """``(line number, record)`` for a session's JSONL; a corrupt line, or a record newer than this reader
+    (``schema_version``), raises naming the file and line."""
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                yield lineno, CallRecord.model_validate(json.loads(line))
-            except (json.JSONDecodeError, ValueError) as exc:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not a valid call record: {exc}") from None
+            # Checked before validation so the message is this one, not a pydantic error dump.
+            if isinstance(data, dict) and (why := newer_schema_error(data.get("schema_version"))) is not None:
+                raise ValueError(f"{path}:{lineno}: {why}")
+            try:
+                yield lineno, CallRecord.model_validate(data)
+            except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: not a valid call record: {exc}") from None
 
 

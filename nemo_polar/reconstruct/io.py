@@ -10,8 +10,9 @@ from nemo_polar.reconstruct.trace import Trace
 
 
 def load_records(paths: list[Path]) -> dict[str, list[CallRecord]]:
-    """Records grouped by session. A corrupt line, or a complete record whose ids cannot be proven (no prompt,
-    ids and logprobs of different lengths), raises with the file, line and call id."""
+    """Records grouped by session. A corrupt line, a record newer than this reader (``schema_version``, see
+    :mod:`nemo_polar.proxy.records`), or a complete record whose ids cannot be proven (no prompt, ids and logprobs of
+    different lengths) raises with the file, line and call id."""
     sessions: dict[str, list[CallRecord]] = defaultdict(list)
     for path in paths:
         if not path.exists():
