@@ -73,13 +73,7 @@ demo: setup
 	$(BIN)/python examples/demo.py
 
 bench: setup
-	$(BIN)/python -m bench.proxy_overhead
-	$(BIN)/python -m bench.stream_ttfb
-	$(BIN)/python -m bench.merge
-	$(BIN)/python -m bench.grade
-	$(BIN)/python -m bench.staging
-	$(BIN)/python -m bench.capacity
-	$(BIN)/python -m bench.soak
+	$(BIN)/python -m bench.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

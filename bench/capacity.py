@@ -1,9 +1,11 @@
-"""Gateway capacity: how many concurrent sessions one gateway process sustains on this machine, with lightweight
-harness sessions (a small agent loop of chat calls through a real proxy session to the real engine, instead of a
-Node CLI per session), and whether any record is lost. Every session is in RUN at once; each makes ``--turns``
-calls with a tool-result turn in between. Records are counted from the proxy's durable record files.
+"""Gateway capacity: how many sessions one gateway process and one proxy hold in RUN at the same time on this
+machine, with lightweight harness sessions (a small agent loop of chat calls through a real proxy session to the
+real engine, instead of a Node CLI per session), and whether any record is lost. Each session makes ``--turns``
+calls and waits ``--hold`` seconds after each (simulated tool time: a real agent spends most of its session in its
+tools, which is what lets many sessions share one engine). The peak is sampled from the gateway's own stage depths;
+records are counted from the proxy's durable record files. The last line is the peak and the lost records.
 
-    python -m bench.capacity [--sessions 256] [--turns 3]
+    python -m bench.capacity [--sessions 256] [--turns 3] [--hold 4]
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import engine, proxy
+import httpx
+
+from bench.common import engine, proxy, report
 from nemo_polar.env.gateway import GatewayConfig, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 
 
-async def run(proxy_client: ProxyClient, sessions: int, turns: int, state: Path) -> tuple[float, list[str]]:
+async def run(
+    proxy_client: ProxyClient, sessions: int, turns: int, hold: float, state: Path
+) -> tuple[float, int, list[str]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
     gw = ChatLoopGateway(config, proxy_client)
+    gw.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=sessions))  # one pool for all sessions
     inst = bundled_instances()[0]
-    options = {"turns": turns, "max_tokens": 8}
+    options = {"turns": turns, "max_tokens": 8, "hold_s": hold}
     t0 = time.monotonic()
     async with gw:
         futures = [
@@ -40,25 +47,32 @@ async def run(proxy_client: ProxyClient, sessions: int, turns: int, state: Path)
             peak = max(peak, gw.depths()["run"])
             await asyncio.sleep(0.05)
         outcomes = [f.result() for f in futures]
-    print(f"peak sessions in RUN at once: {peak}")
-    return time.monotonic() - t0, [o.status for o in outcomes]
+    gw.http.close()
+    return time.monotonic() - t0, peak, [o.status for o in outcomes]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--hold", type=float, default=4.0, help="seconds after each call (simulated tool time)")
     args = parser.parse_args()
     cpu: dict[str, float] = {}
     with engine() as url, proxy(url, cpu) as proxy_client, tempfile.TemporaryDirectory(prefix="polar-cap-") as tmp:
-        wall, statuses = asyncio.run(run(proxy_client, args.sessions, args.turns, Path(tmp)))
+        wall, peak, statuses = asyncio.run(run(proxy_client, args.sessions, args.turns, args.hold, Path(tmp)))
         record_dir = Path(cpu["record_dir"])  # type: ignore[arg-type]
         lines = [json.loads(line) for p in record_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
     complete = sum(1 for r in lines if r["complete"])
     expected = args.sessions * args.turns
     print(f"sessions: {statuses.count('published')}/{args.sessions} published in {wall:.1f} s")
     print(f"records: {len(lines)} written, {complete} complete, {expected} calls made")
-    print(f"concurrent sessions sustained: {statuses.count('published')}, lost records: {expected - complete}")
+    published = statuses.count("published")
+    report(
+        "capacity",
+        {"sessions": args.sessions, "published": published, "peak_in_run": peak, "lost_records": expected - complete},
+        f"peak sessions in RUN at once: {peak} of {args.sessions} ({published} published), "
+        f"lost records: {expected - complete}",
+    )
 
 
 if __name__ == "__main__":

@@ -80,3 +80,17 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def report(bench: str, figures: dict[str, float | int | str], line: str) -> None:
+    """Print the bench's figure as its last line and, when ``POLAR_BENCH_RESULTS`` names a JSON file (``make
+    bench``), merge ``figures`` into it under the bench's name."""
+    import json
+
+    path = os.environ.get("POLAR_BENCH_RESULTS")
+    if path:
+        target = Path(path)
+        data = json.loads(target.read_text()) if target.exists() else {}
+        data[bench] = {"figures": figures, "line": line}
+        target.write_text(json.dumps(data, indent=2) + "\n")
+    print(line)

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import report
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.grader import grade_many
 
@@ -37,7 +38,12 @@ def main() -> None:
     print(f"instances: {len(pairs)} x {args.rounds} rounds per side, runtime {args.runtime}, gold patches")
     print(f"cold:      {rate[False]:.1f} instances/min")
     print(f"prewarm:   {rate[True]:.1f} instances/min")
-    print(f"prewarm/cold throughput ratio: {rate[True] / rate[False]:.2f}x")
+    report(
+        f"grade_{args.runtime}",
+        {"runtime": args.runtime, "cold_per_min": rate[False], "prewarm_per_min": rate[True]},
+        f"grading ({args.runtime}) prewarm/cold throughput: {rate[False]:.0f} -> {rate[True]:.0f} instances/min "
+        f"({rate[True] / rate[False]:.2f}x)",
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 Records ``--sessions`` agent sessions of ``--turns`` calls each (an agent loop with tool results, continuation
 mode), then builds both kinds of traces and prints trainer updates per request, tokens the trainer processes
-(trainable + context), and reconstruction throughput. The last line is the merged/per-request update ratio.
+(trainable + context), and reconstruction throughput. A third row cross-checks NeMo Gym's ``prefix_merging``
+(nemo-gym's ``token_id_capture/builder.py``) over the sessions exported as Gym ``TokenEntry`` records: its chains,
+the sessions where its chains, token sequences and trainable tokens equal ours, and its throughput (skipped without
+nemo-gym). The last line is the merged/per-request update ratio.
 
     python -m bench.merge [--sessions 16] [--turns 8] [--repeat 20]
 """
@@ -16,8 +19,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import engine, new_session, proxy
+from bench.common import engine, new_session, proxy, report
 from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.io import load_records
@@ -47,6 +51,33 @@ async def record(proxy: ProxyClient, sessions: int, turns: int) -> None:
         await asyncio.gather(*(agent(client, url, k, turns, i) for i, k in enumerate(keys)))
 
 
+def gym_row(sessions: dict[str, list[CallRecord]], repeat: int) -> str:
+    """Gym's builder over the exported entries, against ours over the records (``nemo_polar.env.gym.token_check``)."""
+    try:
+        from nemo_gym.token_id_capture.builder import prefix_merging as gym_prefix_merging
+
+        from nemo_polar.env.gym.token_check import cross_check
+        from nemo_polar.env.gym.tokens import export_rollout
+    except ImportError as exc:
+        return f"{'gym_prefix_merging':<15} skipped: nemo-gym is not installed ({exc})"
+    calls = sum(len(r) for r in sessions.values())
+    start = time.perf_counter()
+    exports = {sid: export_rollout(recs, sid) for sid, recs in sessions.items()}
+    export_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(repeat):
+        for export in exports.values():
+            gym_prefix_merging(export.entries)
+    build_s = time.perf_counter() - start
+    checks = [cross_check(recs) for recs in sessions.values()]
+    agree = sum(c.same_chains and c.same_tokens for c in checks)
+    return (
+        f"{'gym_prefix_merging':<15} chains {sum(len(c.gym) for c in checks):>5}  same chains and tokens as ours in "
+        f"{agree}/{len(checks)} sessions (trainable {sum(c.gym_trainable for c in checks)})  "
+        f"{calls * repeat / build_s:,.0f} calls/s (export to TokenEntry {calls / export_s:,.0f} calls/s)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=16)
@@ -74,8 +105,15 @@ def main() -> None:
             f"{name:<15} traces {len(traces):>5}  updates/request {len(traces) / calls:.3f}  "
             f"tokens {tokens:>9} (trainable {trainable})  {calls * args.repeat / elapsed:,.0f} calls/s"
         )
+    print(gym_row(sessions, args.repeat))
     print(f"sessions {len(sessions)} x {args.turns} calls = {calls} calls; audit passed for both builders")
-    print(f"prefix_merging/per_request trainer updates: {figures['prefix_merging'] / figures['per_request']:.3f}")
+    ratio = figures["prefix_merging"] / figures["per_request"]
+    report(
+        "merge",
+        {"updates_ratio": ratio, "calls": calls, "traces": figures["prefix_merging"]},
+        f"prefix_merging/per_request trainer updates: {ratio:.3f} "
+        f"({figures['prefix_merging']} traces for {calls} calls)",
+    )
 
 
 if __name__ == "__main__":

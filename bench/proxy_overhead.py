@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench.common import engine, new_session, percentile, proxy
+from bench.common import engine, new_session, percentile, proxy, report
 
 SYSTEM = "You are a careful coding agent working in a git repository. " * 20
 
@@ -89,7 +89,11 @@ async def main() -> None:
     renders = [json.loads(line)["render_s"] for f in Path(cpu["record_dir"]).glob("*.jsonl") for line in f.open()]
     print(f"proxy request building (render) p50 {percentile(renders, 0.5) * 1000:.1f} ms")
     print(f"proxy process CPU: {cpu['proxy_cpu_s'] * 1000 / (args.sessions * args.rounds):.1f} ms per request")
-    print(f"proxy/direct latency ratio: p50 {p50 / d50:.3f}x  p99 {p99 / d99:.3f}x")
+    report(
+        "proxy_overhead" if args.mode == "continuation" else f"proxy_overhead_{args.mode}",
+        {"mode": args.mode, "p50": p50 / d50, "p99": p99 / d99, "requests": len(lat["direct"])},
+        f"proxy/direct latency ratio ({args.mode}): p50 {p50 / d50:.3f}x  p99 {p99 / d99:.3f}x",
+    )
 
 
 if __name__ == "__main__":

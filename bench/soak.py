@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import cpu_seconds, engine, proxy
+from bench.common import cpu_seconds, engine, proxy, report
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
@@ -134,8 +134,10 @@ def main() -> None:
     figures = ", ".join(
         f"{name} {mb:+.1f} MB ({pct:+.1f}%, {1024 * mb / span:+.2f} KB/session)" for name, mb, pct in growth
     )
-    print(
-        f"RSS growth from {args.baseline} to {args.sessions} sessions: {figures} -> {verdict} (threshold {args.flat}%)"
+    report(
+        "soak",
+        {"sessions": args.sessions, **{f"{name}_growth_pct": pct for name, _, pct in growth}},
+        f"RSS growth from {args.baseline} to {args.sessions} sessions: {figures} -> {verdict} (threshold {args.flat}%)",
     )
 
 

@@ -1,12 +1,15 @@
 """Engine busy fraction: serially staged sessions vs the gateway's pipelined stages, on the same real engine.
 
-Both sides run ``--slots`` sessions at a time. Each simulated session spends ``--init`` seconds preparing its
-runtime (INIT), ``--run`` seconds as a harness calling the engine back to back (RUN: real generations), and
-``--eval`` seconds grading (POSTRUN). Serially, the engine idles through every INIT and POSTRUN; the gateway (its
-real pools and queues, with these three stage bodies) overlaps them with other sessions' RUN. The engine is busy
-while at least one generation is in flight. The last line is the pipelined busy fraction.
+Both sides run ``--slots`` sessions at a time. Each session spends ``--init`` seconds preparing its runtime (INIT,
+simulated: a sleep), ``--run`` seconds as a harness calling the engine back to back (RUN: real generations on the
+real engine), and ``--eval`` seconds grading (POSTRUN, simulated: a sleep). Serially, each of the ``--slots``
+workers stages its sessions one after another, so the engine idles whenever every worker is in INIT or POSTRUN;
+the gateway (its real pools and queues, ``run_slots = --slots``, with these stage bodies) overlaps them with other
+sessions' RUN. The engine is busy while at least one generation is in flight. The two arms alternate in
+``--rounds`` rounds (they cannot share the engine at once without measuring each other), so both meet the same
+machine. The last line is the pipelined busy fraction.
 
-    python -m bench.staging [--sessions 24] [--slots 2] [--init 1.0] [--run 3.0] [--eval 1.0]
+    python -m bench.staging [--sessions 24] [--slots 2] [--rounds 2] [--init 1.0] [--run 3.0] [--eval 1.0]
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import engine
+from bench.common import engine, report
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest
 from nemo_polar.env.session import SessionResult
@@ -103,19 +106,28 @@ class SimulatedGateway(Gateway):
         )  # fmt: skip
 
 
-def serial(work: Workload, sessions: int) -> float:
+def serial(work: Workload, sessions: int, slots: int) -> float:
+    """``slots`` workers, each staging its share of the sessions one after another."""
+
+    def worker(n: int) -> None:
+        for _ in range(n):
+            work.init()
+            work.run()
+            work.evaluate()
+
+    shares = [sessions // slots + (1 if i < sessions % slots else 0) for i in range(slots)]
+    threads = [threading.Thread(target=worker, args=(n,)) for n in shares]
     t0 = time.monotonic()
-    for _ in range(sessions):
-        work.init()
-        work.run()
-        work.evaluate()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return time.monotonic() - t0
 
 
-async def pipelined(work: Workload, sessions: int, state: Path) -> float:
-    gw = SimulatedGateway(
-        GatewayConfig(state_dir=state, init_workers=2, run_slots=1, post_workers=2), ProxyClient(url="", admin_url="")
-    )
+async def pipelined(work: Workload, sessions: int, slots: int, state: Path) -> float:
+    config = GatewayConfig(state_dir=state, init_workers=2, run_slots=slots, post_workers=2, ready_buffer=slots)
+    gw = SimulatedGateway(config, ProxyClient(url="", admin_url=""))
     gw.work = work
     inst = bundled_instances()[0]
     t0 = time.monotonic()
@@ -129,27 +141,40 @@ async def pipelined(work: Workload, sessions: int, state: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=24)
+    parser.add_argument("--sessions", type=int, default=24, help="per arm, over all rounds")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--init", type=float, default=1.0)
     parser.add_argument("--run", type=float, default=3.0)
     parser.add_argument("--eval", type=float, default=1.0)
     parser.add_argument("--slots", type=int, default=2, help="sessions in RUN at once, the same on both sides")
     args = parser.parse_args()
+    per_round = max(args.sessions // args.rounds, 1)
+    busy = {"serial": 0.0, "pipelined": 0.0}
+    wall = {"serial": 0.0, "pipelined": 0.0}
     with engine() as url, tempfile.TemporaryDirectory(prefix="polar-bench-staging-") as tmp:
-        fractions = {}
-        for name in ("serial", "pipelined"):
-            work = Workload(url, args.init, args.run, args.eval)
-            wall = (
-                serial(work, args.sessions)
-                if name == "serial"
-                else asyncio.run(pipelined(work, args.sessions, Path(tmp)))
-            )
-            fractions[name] = work.busy.total / wall
-            print(f"{name:<10} {args.sessions} sessions in {wall:5.1f} s, engine busy {work.busy.total:5.1f} s")
+        for r in range(args.rounds):
+            for name in ("serial", "pipelined") if r % 2 == 0 else ("pipelined", "serial"):
+                work = Workload(url, args.init, args.run, args.eval)
+                if name == "serial":
+                    took = serial(work, per_round, args.slots)
+                else:
+                    took = asyncio.run(pipelined(work, per_round, args.slots, Path(tmp) / f"r{r}"))
+                busy[name] += work.busy.total
+                wall[name] += took
+                print(
+                    f"round {r} {name:<10} {per_round} sessions in {took:5.1f} s, engine busy {work.busy.total:5.1f} s"
+                )
+    fractions = {name: busy[name] / wall[name] for name in busy}
     print(
-        f"stage times: init {args.init} s, run {args.run} s, eval {args.eval} s; {args.slots} sessions in RUN at once"
+        f"stage times: INIT {args.init} s (simulated: sleep), RUN {args.run} s (real generations), "
+        f"POSTRUN {args.eval} s (simulated: sleep); {args.slots} sessions in RUN at once on both sides"
     )
-    print(f"engine busy fraction: serial {fractions['serial']:.1%}, pipelined {fractions['pipelined']:.1%}")
+    report(
+        "staging",
+        {"slots": args.slots, "serial_busy": fractions["serial"], "pipelined_busy": fractions["pipelined"]},
+        f"engine busy fraction at {args.slots} run slots: serial {fractions['serial']:.1%}, "
+        f"pipelined {fractions['pipelined']:.1%}",
+    )
 
 
 if __name__ == "__main__":

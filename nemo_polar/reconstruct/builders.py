@@ -123,13 +123,19 @@ def side_rule(record: CallRecord, rules: list[SideRule]) -> str | None:
     return None
 
 
-def _full(rec: CallRecord) -> list[int]:
-    return rec.prompt_token_ids + rec.sampled_token_ids
+def _full_len(rec: CallRecord) -> int:
+    return len(rec.prompt_token_ids) + len(rec.sampled_token_ids)
 
 
 def _extends(child: CallRecord, parent: CallRecord) -> bool:
-    n = len(parent.prompt_token_ids) + len(parent.sampled_token_ids)
-    return n <= len(child.prompt_token_ids) and child.prompt_token_ids[:n] == _full(parent)
+    """``child``'s prompt starts with ``parent``'s prompt + sampled ids. The short sampled part is compared first
+    (most mismatches show there) and the parent's full sequence is never built: this runs once per call on contexts
+    of up to 100k tokens."""
+    prompt, before, sampled = child.prompt_token_ids, parent.prompt_token_ids, parent.sampled_token_ids
+    n = len(before)
+    if n + len(sampled) > len(prompt) or prompt[n : n + len(sampled)] != sampled:
+        return False
+    return prompt[:n] == before
 
 
 def _mismatch(child: CallRecord, parent: CallRecord, glue: list[list[int]]) -> str:
@@ -146,13 +152,15 @@ def _mismatch(child: CallRecord, parent: CallRecord, glue: list[list[int]]) -> s
 
 def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None, cfg: BuilderConfig) -> Trace:
     first = path[0]
-    stitched = list(first.prompt_token_ids)
+    # Only the stitched length is needed: each call's prompt extends the path so far (the builders checked it), and
+    # copying the growing sequence per call would make a trace cost quadratic in its length.
+    stitched = len(first.prompt_token_ids)
     response: list[int] = []
     mask: list[int] = []
     logprobs: list[float | None] = []
     spans: list[Span] = []
     for rec in path:
-        context = rec.prompt_token_ids[len(stitched) :]
+        context = rec.prompt_token_ids[stitched:]
         start = len(response) + len(context)
         response += context
         mask += [0] * len(context)
@@ -170,7 +178,7 @@ def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None,
                 finish_reason=rec.finish_reason,
             )
         )
-        stitched = first.prompt_token_ids + response
+        stitched = len(first.prompt_token_ids) + len(response)
     versions = sorted({r.policy_version for r in path if r.policy_version is not None})
     return Trace(
         trace_id=f"{first.session_id}/{first.call_id}",
@@ -228,7 +236,7 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
         if hint is not None and _extends(rec, hint):
             found: CallRecord | None = hint
         else:  # the longest earlier full sequence that is a prefix of this prompt
-            found = max((p for p in seen if _extends(rec, p)), key=lambda p: len(_full(p)), default=None)
+            found = max((p for p in seen if _extends(rec, p)), key=_full_len, default=None)
             if hint is not None:
                 split[rec.call_id] = _mismatch(rec, hint, cfg.generation_glue)
                 fork = _child_towards(hint.call_id, found.call_id, parent) if found else None

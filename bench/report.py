@@ -1,0 +1,234 @@
+"""``bench/results.json`` -> ``bench/report.html`` (self-contained: one plot per bench, inline PNG) and, with
+``--readme``, the README's performance table (between its ``bench:table`` markers). Every figure the README states
+comes from here, with the command that reproduces it and whether it meets its target.
+
+    python -m bench.report [--results bench/results.json] [--readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+README = HERE.parent / "README.md"
+BEGIN, END = "<!-- bench:table -->", "<!-- /bench:table -->"
+
+Figures = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Spec:
+    what: str  # what the bench runs
+    command: str
+    target: str
+    met: Callable[[Figures], bool] | None  # None: a measurement with no target
+    bars: list[tuple[str, str]]  # (label, figure key) plotted
+    line: float | None = None  # the target, drawn across the bars
+
+
+SPECS: dict[str, Spec] = {
+    "proxy_overhead": Spec(
+        "64 concurrent multi-turn sessions per side, 32 tokens per turn, continuation mode",
+        "python -m bench.proxy_overhead",
+        "p50 ≤ 1.05×",
+        lambda f: f["p50"] <= 1.05,
+        [("p50", "p50"), ("p99", "p99")],
+        1.05,
+    ),
+    "proxy_overhead_chat": Spec(
+        "the same in chat mode (the engine renders and parses)",
+        "python -m bench.proxy_overhead --mode chat",
+        "p50 ≤ 1.05×",
+        lambda f: f["p50"] <= 1.05,
+        [("p50", "p50"), ("p99", "p99")],
+        1.05,
+    ),
+    "stream_ttfb": Spec(
+        "streamed Chat / Responses / Messages through the proxy vs vLLM's streamed chat, 8 concurrent pairs",
+        "python -m bench.stream_ttfb",
+        "time to first text delta p50 ≤ 1.15×",
+        lambda f: max(f[k] for k in f if k.endswith("_p50")) <= 1.15,
+        [
+            ("chat p50", "chat_p50"),
+            ("chat p95", "chat_p95"),
+            ("responses p50", "responses_p50"),
+            ("responses p95", "responses_p95"),
+            ("messages p50", "anthropic_p50"),
+            ("messages p95", "anthropic_p95"),
+        ],
+        1.15,
+    ),
+    "merge": Spec(
+        "16 agent sessions x 8 calls recorded through the proxy on the real engine",
+        "python -m bench.merge",
+        "≤ 1/5.4 trainer updates per request",
+        lambda f: f["updates_ratio"] <= 1 / 5.4,
+        [("merged/per-request updates", "updates_ratio")],
+        1 / 5.4,
+    ),
+    "reconstruct": Spec(
+        "prefix merging of 4 sessions x 200 calls with contexts growing to 64k tokens (records read from JSONL)",
+        "python -m bench.reconstruct",
+        "linear in tokens (exponent ≈ 1); ≥ 10k calls/s",
+        lambda f: f["prefix_merging_exponent"] < 1.2 and f["prefix_merging_calls_per_s"] >= 10_000,
+        [("prefix merging calls/s", "prefix_merging_calls_per_s"), ("per request calls/s", "per_request_calls_per_s")],
+        10_000,
+    ),
+    "staging": Spec(
+        "24 sessions (INIT 1 s and POSTRUN 1 s simulated by sleeps, RUN 3 s of real generations), 2 run slots",
+        "python -m bench.staging",
+        "≥ 90% engine busy pipelined",
+        lambda f: f["pipelined_busy"] >= 0.9,
+        [("serial", "serial_busy"), ("pipelined", "pipelined_busy")],
+        0.9,
+    ),
+    "capacity": Spec(
+        "256 lightweight sessions (3 real chat calls, 4 s of simulated tool time after each) on one gateway + proxy",
+        "python -m bench.capacity",
+        "≥ 256 sessions in RUN at once, no lost record",
+        lambda f: f["peak_in_run"] >= 256 and f["lost_records"] == 0,
+        [("peak in RUN", "peak_in_run"), ("published", "published")],
+        256,
+    ),
+    "grade_bwrap": Spec(
+        "the 12 bundled instances (gold patches) graded with swebench in fresh bwrap sandboxes, rounds alternating",
+        "python -m bench.grade --rounds 2",
+        "prewarm > cold",
+        lambda f: f["prewarm_per_min"] > f["cold_per_min"],
+        [("cold /min", "cold_per_min"), ("prewarm /min", "prewarm_per_min")],
+    ),
+    "grade_docker": Spec(
+        "the same in docker",
+        "python -m bench.grade --rounds 2 --runtime docker",
+        "prewarm > cold",
+        lambda f: f["prewarm_per_min"] > f["cold_per_min"],
+        [("cold /min", "cold_per_min"), ("prewarm /min", "prewarm_per_min")],
+    ),
+    "soak": Spec(
+        "3,000 lightweight sessions fed to one gateway 16 at a time; RSS from 1k to 3k sessions",
+        "python -m bench.soak --sessions 3000 --baseline 1000",
+        "< 10% growth in both processes",
+        lambda f: f["gateway_growth_pct"] < 10 and f["proxy_growth_pct"] < 10,
+        [("gateway %", "gateway_growth_pct"), ("proxy %", "proxy_growth_pct")],
+        10,
+    ),
+    "cli_sessions": Spec(
+        "scripted Pi sessions on the bundled tasks (real CLI, sandbox, proxy, engine, grader), 4 per runtime and "
+        "slot count",
+        "python -m bench.cli_sessions --sessions 4",
+        "none (a cost measurement)",
+        None,
+        [
+            ("bwrap 1 slot /min", "bwrap_1_sessions_per_min"),
+            ("bwrap 4 slots /min", "bwrap_4_sessions_per_min"),
+            ("docker 1 slot /min", "docker_1_sessions_per_min"),
+            ("docker 4 slots /min", "docker_4_sessions_per_min"),
+        ],
+    ),
+    "recompute": Spec(
+        "8 sessions x 4 calls with SmolLM2-135M (real weights); trainable logprobs recomputed with transformers",
+        "python -m bench.recompute",
+        "mean |Δ| < 0.01, KL < 1e-4",
+        lambda f: f["mean_abs_logprob_delta"] < 0.01 and f["kl_k3"] < 1e-4,
+        [("mean |Δ|", "mean_abs_logprob_delta"), ("max |Δ|", "max_abs_logprob_delta")],
+    ),
+}
+
+
+def plot(name: str, spec: Spec, figures: Figures) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, key in spec.bars if key in figures]
+    values = [float(figures[key]) for _, key in spec.bars if key in figures]
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    ax.bar(labels, values, color="#4c72b0")
+    if spec.line is not None:
+        ax.axhline(spec.line, color="#c44e52", linestyle="--", label=f"target {spec.line:g}")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_title(name, fontsize=10)
+    ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def rows(results: dict[str, Any]) -> list[tuple[str, Spec, Figures, str, bool | None]]:
+    out = []
+    for name, spec in SPECS.items():
+        if name in results:
+            entry = results[name]
+            met = spec.met(entry["figures"]) if spec.met is not None else None
+            out.append((name, spec, entry["figures"], entry["line"], met))
+    return out
+
+
+def _verdict(met: bool | None) -> str:
+    return "—" if met is None else "yes" if met else "**no**"
+
+
+def readme_table(results: dict[str, Any]) -> str:
+    lines = ["| bench | what | figure (its last line) | target | met |", "|---|---|---|---|---|"]
+    for _name, spec, _, line, met in rows(results):
+        lines.append(f"| `{spec.command}` | {spec.what} | {line} | {spec.target} | {_verdict(met)} |")
+    return "\n".join(lines)
+
+
+def write_html(results: dict[str, Any], out: Path) -> None:
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>nemo_polar benchmarks</title>",
+        "<style>body{font:14px system-ui;max-width:900px;margin:2em auto}code{background:#eee}"
+        ".no{color:#c44e52;font-weight:bold}.yes{color:#55a868}</style><h1>nemo_polar benchmarks</h1>",
+    ]
+    for name, spec, figures, line, met in rows(results):
+        verdict = (
+            "no target: a measurement"
+            if met is None
+            else f"<span class={'yes' if met else 'no'}>{'meets' if met else 'misses'} its target</span>"
+        )
+        parts.append(
+            f"<h2>{html.escape(name)}</h2><p>{html.escape(spec.what)}<br><code>{html.escape(spec.command)}</code></p>"
+            f"<p><b>{html.escape(line)}</b><br>target: {html.escape(spec.target)} — {verdict}</p>"
+            f"<img alt='{html.escape(name)}' src='data:image/png;base64,{plot(name, spec, figures)}'>"
+        )
+    out.write_text("\n".join(parts) + "\n")
+
+
+def update_readme(table: str) -> None:
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=HERE / "results.json")
+    parser.add_argument("--html", type=Path, default=HERE / "report.html")
+    parser.add_argument("--readme", action="store_true", help="rewrite the README's performance table")
+    args = parser.parse_args()
+    results = json.loads(args.results.read_text())
+    write_html(results, args.html)
+    table = readme_table(results)
+    if args.readme:
+        update_readme(table)
+    met = sum(1 for *_, ok in rows(results) if ok is True)
+    print(f"{args.html}: {len(rows(results))} benches, {met} meet their targets")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""``make bench``: every bench, sized to finish in about 30 minutes on 2 cores, each writing its figures into
+``bench/results.json``; then ``bench/report.html`` and the README's performance table are generated from it.
+
+One engine (tiny-qwen3) is started for all benches that need one (SmolLM2 for the recompute bench); a bench that
+fails is reported and the rest still run. ``--only NAME ...`` runs a subset; results of other benches are kept.
+
+    python -m bench.run [--only stream_ttfb capacity] [--results bench/results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
+
+HERE = Path(__file__).resolve().parent
+
+# (result name, module, arguments): the order runs the quick ones first.
+BENCHES: list[tuple[str, str, list[str]]] = [
+    ("reconstruct", "bench.reconstruct", []),
+    ("proxy_overhead", "bench.proxy_overhead", []),
+    ("proxy_overhead_chat", "bench.proxy_overhead", ["--mode", "chat"]),
+    ("stream_ttfb", "bench.stream_ttfb", []),
+    ("merge", "bench.merge", []),
+    ("staging", "bench.staging", []),
+    ("capacity", "bench.capacity", []),
+    ("grade_bwrap", "bench.grade", ["--rounds", "2"]),
+    ("grade_docker", "bench.grade", ["--rounds", "2", "--runtime", "docker"]),
+    ("soak", "bench.soak", ["--sessions", "3000", "--baseline", "1000"]),
+    ("cli_sessions", "bench.cli_sessions", ["--sessions", "4"]),
+    ("recompute", "bench.recompute", []),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="result names to run")
+    parser.add_argument("--results", type=Path, default=HERE / "results.json")
+    args = parser.parse_args()
+    chosen = [b for b in BENCHES if args.only is None or b[0] in args.only]
+    failed: list[str] = []
+    t_all = time.monotonic()
+    with EngineProcess(EngineSpec(model="tiny-qwen3", port=free_port())) as engine:
+        env = {**os.environ, "POLAR_BENCH_RESULTS": str(args.results), "POLAR_BENCH_ENGINE_URL": engine.spec.url}
+        for name, module, extra in chosen:
+            if name == "recompute":  # its own engine (SmolLM2): the shared one serves random weights
+                env = {k: v for k, v in env.items() if k != "POLAR_BENCH_ENGINE_URL"}
+            print(f"== {name}: python -m {module} {' '.join(extra)}", flush=True)
+            t0 = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", module, *extra], env=env, cwd=HERE.parent)
+            print(f"== {name}: exit {done.returncode} in {time.monotonic() - t0:.0f} s", flush=True)
+            if done.returncode != 0:
+                failed.append(name)
+    subprocess.run([sys.executable, "-m", "bench.report", "--results", str(args.results), "--readme"], check=True)
+    print(f"benches: {len(chosen) - len(failed)}/{len(chosen)} ran in {(time.monotonic() - t_all) / 60:.1f} min")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
