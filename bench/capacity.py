@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import engine, proxy, report
-from nemo_polar.env.gateway import GatewayConfig, SessionRequest
+from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
@@ -28,7 +28,7 @@ from nemo_polar.rewards import bundled_instances
 
 async def run(
     proxy_client: ProxyClient, sessions: int, turns: int, hold: float, state: Path
-) -> tuple[float, int, list[str]]:
+) -> tuple[float, int, list[SessionOutcome]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
     gw = ChatLoopGateway(config, proxy_client)
     gw.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=sessions))  # one pool for all sessions
@@ -48,7 +48,10 @@ async def run(
             await asyncio.sleep(0.05)
         outcomes = [f.result() for f in futures]
     gw.http.close()
-    return time.monotonic() - t0, peak, [o.status for o in outcomes]
+    for o in outcomes:
+        if o.status != "published":
+            print(f"{o.request_id}: {o.status} ({o.verdict.kind}): {o.verdict.reason}")
+    return time.monotonic() - t0, peak, outcomes
 
 
 def main() -> None:
@@ -59,18 +62,27 @@ def main() -> None:
     args = parser.parse_args()
     cpu: dict[str, float] = {}
     with engine() as url, proxy(url, cpu) as proxy_client, tempfile.TemporaryDirectory(prefix="polar-cap-") as tmp:
-        wall, peak, statuses = asyncio.run(run(proxy_client, args.sessions, args.turns, args.hold, Path(tmp)))
+        wall, peak, outcomes = asyncio.run(run(proxy_client, args.sessions, args.turns, args.hold, Path(tmp)))
         record_dir = Path(cpu["record_dir"])  # type: ignore[arg-type]
-        lines = [json.loads(line) for p in record_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
-    complete = sum(1 for r in lines if r["complete"])
-    expected = args.sessions * args.turns
-    print(f"sessions: {statuses.count('published')}/{args.sessions} published in {wall:.1f} s")
-    print(f"records: {len(lines)} written, {complete} complete, {expected} calls made")
-    published = statuses.count("published")
+        published = [o for o in outcomes if o.status == "published"]
+        # Every call a published session made must be a complete record in its session's durable file.
+        complete = 0
+        for o in published:
+            path = record_dir / f"{o.metrics['session_id']}.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            complete += sum(1 for line in lines if json.loads(line)["complete"])
+    expected = len(published) * args.turns
+    print(f"sessions: {len(published)}/{args.sessions} published in {wall:.1f} s")
+    print(f"records of published sessions: {complete} complete of {expected} calls made")
     report(
         "capacity",
-        {"sessions": args.sessions, "published": published, "peak_in_run": peak, "lost_records": expected - complete},
-        f"peak sessions in RUN at once: {peak} of {args.sessions} ({published} published), "
+        {
+            "sessions": args.sessions,
+            "published": len(published),
+            "peak_in_run": peak,
+            "lost_records": expected - complete,
+        },
+        f"peak sessions in RUN at once: {peak} of {args.sessions} ({len(published)} published), "
         f"lost records: {expected - complete}",
     )
 

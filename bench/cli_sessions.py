@@ -2,8 +2,8 @@
 through the rollout gateway, a real proxy and the real engine, graded by swebench — bwrap vs docker.
 
 Per runtime: session setup (sandbox start, proxy session, CLI config; ``setup_s`` of each session) p50, peak
-resident memory of the agent's sandbox processes per running session (sampled every 0.2 s: the processes under
-each agent sandbox — bwrap's, or the container's — not the grader's), sessions per minute at 1, 2 and 4 run slots,
+resident memory of one agent sandbox (sampled every 0.2 s: the processes of each agent sandbox — bwrap's tree, or
+the container's cgroup — not the grader's), sessions per minute at 1, 2 and 4 run slots,
 and the engine busy fraction (the share of samples where vLLM reports a request running). The scripted policy makes
 the CLI's turns deterministic; the CLI, sandbox, proxy, engine and grader are all real. The last line compares
 sessions per minute at the most run slots.
@@ -36,31 +36,47 @@ from nemo_polar.sandbox.docker import LABEL, docker_client
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
-def sandbox_roots(runtime: str) -> list[psutil.Process]:
-    """The top process of every agent sandbox (it mounts the harness; the grader's sandboxes do not)."""
+def _rss(p: psutil.Process) -> int:
+    try:
+        return p.memory_info().rss
+    except psutil.Error:  # it exited between the listing and the reading
+        return 0
+
+
+def agent_sandboxes_rss(runtime: str) -> list[int]:
+    """Resident memory of each agent sandbox (it mounts the harness; the grader's sandboxes do not): a bwrap
+    sandbox's process tree, or every process in the container's cgroup (``docker exec`` processes are not children
+    of the container's init)."""
     if runtime == "docker":
-        roots = []
-        for c in docker_client().containers.list(filters={"label": LABEL}):
-            if any(m.get("Destination") == HARNESS_MOUNT for m in c.attrs.get("Mounts", [])):
-                pid = c.attrs["State"]["Pid"]
-                if pid and psutil.pid_exists(pid):
-                    roots.append(psutil.Process(pid))
-        return roots
+        ids = [
+            c.id
+            for c in docker_client().containers.list(filters={"label": LABEL})
+            if any(m.get("Destination") == HARNESS_MOUNT for m in c.attrs.get("Mounts", []))
+        ]
+        totals = dict.fromkeys(ids, 0)
+        for p in psutil.process_iter():
+            try:
+                cgroup = Path(f"/proc/{p.pid}/cgroup").read_text()
+            except OSError:
+                continue
+            for cid in ids:
+                if cid in cgroup:
+                    totals[cid] += _rss(p)
+        return list(totals.values())
     roots = []
-    for p in psutil.process_iter(["name", "cmdline"]):
+    for p in psutil.process_iter(["name", "cmdline", "ppid"]):
         if p.info["name"] == "bwrap" and HARNESS_MOUNT in (p.info["cmdline"] or []):
             roots.append(p)
-    return [r for r in roots if not any(r.ppid() == o.pid for o in roots)]  # outermost bwrap of each sandbox
-
-
-def tree_rss(root: psutil.Process) -> int:
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
+    pids = {r.pid for r in roots}
+    outer = [r for r in roots if r.info["ppid"] not in pids]  # the outermost bwrap of each sandbox
+    sizes = []
+    for root in outer:
         try:
-            total += p.memory_info().rss
+            tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             continue
-    return total
+        sizes.append(sum(_rss(p) for p in tree))
+    return sizes
 
 
 class Sampler:
@@ -76,10 +92,9 @@ class Sampler:
     def loop(self) -> None:
         with httpx.Client(timeout=5) as client:
             while not self.stop.wait(0.2):
-                roots = sandbox_roots(self.runtime)
-                if roots:
-                    per = sum(tree_rss(r) for r in roots) / len(roots)
-                    self.peak_per_session = max(self.peak_per_session, per)
+                sizes = [x for x in agent_sandboxes_rss(self.runtime) if x]
+                if sizes:
+                    self.peak_per_session = max(self.peak_per_session, max(sizes))
                 try:
                     running = sum(float(v) for v in RUNNING.findall(client.get(self.metrics_url).text))
                 except httpx.HTTPError:

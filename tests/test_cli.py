@@ -68,3 +68,25 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
 def test_polar_proxy_requires_an_engine_url() -> None:
     out = subprocess.run([sys.executable, "-m", "nemo_polar.cli", "proxy"], capture_output=True, text=True)
     assert out.returncode != 0 and "--engine-url" in out.stderr
+
+
+def test_an_idle_keep_alive_connection_outlasts_the_clients_own_expiry() -> None:
+    """An agent's HTTP client keeps its connection for 4-5 s idle (Node 4 s, httpx 5 s) and reuses it after tool
+    time: the proxy must not be the side that closes first, or the next POST races the close ("server disconnected").
+    One connection, a request, 6 s idle (past uvicorn's default 5 s), another request on the same socket."""
+    import http.client
+    import time
+
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.serve import ProxyServer
+
+    with ProxyServer(ProxyConfig(engine_url="http://127.0.0.1:9", render="engine")) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+        sock = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/health")  # http.client reconnects silently if the server closed: check the socket
+        assert conn.getresponse().status == 200 and conn.sock is sock
+        conn.close()

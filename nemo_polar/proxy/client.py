@@ -7,7 +7,7 @@ send from inside a sandbox reaches a control route.
 
 from __future__ import annotations
 
-import functools
+import threading
 from typing import Any
 
 import httpx
@@ -15,12 +15,19 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.proxy.records import CallRecord
 
+_client: httpx.Client | None = None
+_client_lock = threading.Lock()
 
-@functools.cache
+
 def _http() -> httpx.Client:
     """One pooled client per process for every admin call: a client per call costs ~30 ms of CPU (its TLS context),
-    more than a lightweight session itself. Module-level, so a ProxyClient stays a plain picklable model (Ray)."""
-    return httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    more than a lightweight session itself. Module-level, so a ProxyClient stays a plain picklable model (Ray).
+    Made under a lock: hundreds of session threads reach it at once, and each must get the same client."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return _client
 
 
 class ProxyClient(BaseModel):

@@ -17,13 +17,21 @@ from nemo_polar.engine.launcher import free_port
 from nemo_polar.proxy.app import ProxyApps, ProxyConfig, create_apps
 from nemo_polar.proxy.client import ProxyClient
 
+# How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals httpx's keepalive_expiry and
+# exceeds Node's (4 s): an agent that reuses its connection after ~5 s of tool time races the server's close and
+# gets "server disconnected" on a POST it cannot safely retry. The server must outlast its clients' idle timeouts.
+KEEP_ALIVE_S = 75
+
 
 class _Servers:
     """uvicorn servers on one loop in a daemon thread; a context manager that waits until all are serving."""
 
     def __init__(self, apps: list[tuple[FastAPI, str, int]], log_level: str = "warning") -> None:
         self.servers = [
-            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)) for app, host, port in apps
+            uvicorn.Server(
+                uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+            )
+            for app, host, port in apps
         ]
         self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
 
