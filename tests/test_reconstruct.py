@@ -169,21 +169,27 @@ def test_bad_record_files_name_the_line(tmp_path: Path) -> None:
         load_records([tmp_path / "missing.jsonl"])
 
 
-def test_real_session_through_the_proxy(proxy: ProxyHandle, tmp_path: Path) -> None:
-    """A multi-turn agent with an interleaved subagent, recorded by the proxy on the real engine."""
-    session = proxy.session(sampling_overrides={"max_tokens": 8})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+def main_and_subagent(proxy: ProxyHandle, turns: int, **session: Any) -> tuple[Path, list[CallRecord]]:
+    """A continuation-mode agent of ``turns`` calls with a subagent interleaved in its first two, recorded by the
+    proxy on the real engine: the session's records file and its records."""
+    made = proxy.session(sampling_overrides={"max_tokens": 8}, **session)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=made["api_key"], max_retries=0)
     main = [{"role": "system", "content": "main agent"}, {"role": "user", "content": "fix the bug"}]
     sub = [{"role": "system", "content": "explorer subagent"}, {"role": "user", "content": "find files"}]
-    for turn in range(4):
+    for turn in range(turns):
         for history in (main, sub) if turn < 2 else (main,):
             reply = client.chat.completions.create(model="local-model", messages=history)
             history += [
                 {"role": "assistant", "content": reply.choices[0].message.content},
                 {"role": "user", "content": f"tool output {turn}"},
             ]
-    path = proxy.record_dir / f"{session['session_id']}.jsonl"
-    records = load_records([path])[session["session_id"]]
+    path = proxy.record_dir / f"{made['session_id']}.jsonl"
+    return path, load_records([path])[made["session_id"]]
+
+
+def test_real_session_through_the_proxy(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """A multi-turn agent with an interleaved subagent, recorded by the proxy on the real engine."""
+    path, records = main_and_subagent(proxy, 4)
     result = prefix_merging(records)
     assert {t.role: len(t.spans) for t in result.traces} == {"main": 4, "subagent": 2}
     assert result.break_reasons == {"new_conversation": 1}

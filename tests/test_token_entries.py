@@ -12,7 +12,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import openai
 import pytest
 
 pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
@@ -31,7 +30,19 @@ from nemo_polar.reconstruct.builders import BuilderConfig, prefix_merging
 from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.reconstruct.io import load_records
 from tests.conftest import ProxyHandle
-from tests.test_reconstruct import CONTEXT, EOT, GLUE, HEADER, NL, chat, child, full, rec, tool_turn
+from tests.test_reconstruct import (
+    CONTEXT,
+    EOT,
+    GLUE,
+    HEADER,
+    NL,
+    chat,
+    child,
+    full,
+    main_and_subagent,
+    rec,
+    tool_turn,
+)
 
 SESSION = "sess-" + "0" * 32
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
@@ -373,18 +384,7 @@ def test_real_session_with_a_subagent_through_the_store_and_gyms_consumer(proxy:
     """The shape of ``test_reconstruct``'s real session (continuation mode, a main agent and an interleaved
     subagent): both builders agree; Gym's consumer, reading it through :class:`PolarTokenStore`, masks the rollout for
     its two roots unless the terminal call is named, and then delivers exactly our main trace."""
-    session = proxy.session(sampling_overrides={"max_tokens": 8}, metadata={"rollout_id": "task-9-r1"})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
-    main = [{"role": "system", "content": "main agent"}, {"role": "user", "content": "fix the bug"}]
-    sub = [{"role": "system", "content": "explorer subagent"}, {"role": "user", "content": "find files"}]
-    for turn in range(3):
-        for history in (main, sub) if turn < 2 else (main,):
-            reply = client.chat.completions.create(model="local-model", messages=history)
-            history += [
-                {"role": "assistant", "content": reply.choices[0].message.content},
-                {"role": "user", "content": f"tool output {turn}"},
-            ]
-    records = load_records([proxy.record_dir / f"{session['session_id']}.jsonl"])[session["session_id"]]
+    _, records = main_and_subagent(proxy, 3, metadata={"rollout_id": "task-9-r1"})
     check = cross_check(records)
     assert check.same_chains and check.same_tokens and len(check.gym) == 2
     assert check.polar_main == check.gym_main and len(check.polar_main) == 3
@@ -392,7 +392,7 @@ def test_real_session_with_a_subagent_through_the_store_and_gyms_consumer(proxy:
 
     async def through_the_store() -> tuple[dict, dict]:
         store = PolarTokenStore(proxy.record_dir)
-        await store.bind_session("task-9-r1", session["session_id"])  # the rollout id the Gym agent set
+        await store.bind_session("task-9-r1", records[0].session_id)  # the rollout id the Gym agent set
         strict = await trajectories_from_source("task-9-r1", store)
         named = await trajectories_from_source("task-9-r1", store, explicit_terminal_call_id=check.polar_main[-1])
         return strict, named
