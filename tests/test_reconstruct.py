@@ -87,14 +87,19 @@ def test_leaf_siblings_prefer_the_later_attempt() -> None:
     assert calls_of(prefix_merging([a, b1, b2])) == [["a", "b2"], ["b1"]]
 
 
-def test_interleaved_subagent_and_compaction_become_their_own_traces() -> None:
+def subagent_and_compaction() -> list[CallRecord]:
+    """A main chain m1-m2-m3 with a subagent s1-s2 interleaved and a compaction k1 at the end, in call order."""
     m1 = rec("m1", [1, 2, 3], [10, EOT])
     s1 = rec("s1", [7, 8], [40, EOT], render_reason="new_conversation")
     m2 = child("m2", m1, [20], [11, EOT])
     s2 = child("s2", s1, [41], [42, EOT])
     m3 = child("m3", m2, [21], [12, EOT])
     k1 = rec("k1", [1, 2, 99], [50, EOT], render_reason="history_diverged")
-    records = [m1, s1, m2, s2, m3, k1]
+    return [m1, s1, m2, s2, m3, k1]
+
+
+def test_interleaved_subagent_and_compaction_become_their_own_traces() -> None:
+    records = subagent_and_compaction()
     result = prefix_merging(records)
     roles = {t.role: t.call_ids for t in result.traces}
     assert roles == {"main": ["m1", "m2", "m3"], "subagent": ["s1", "s2"], "compaction": ["k1"]}

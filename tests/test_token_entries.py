@@ -41,6 +41,7 @@ from tests.test_reconstruct import (
     full,
     main_and_subagent,
     rec,
+    subagent_and_compaction,
     tool_turn,
 )
 
@@ -284,13 +285,7 @@ def test_builders_agree_on_linear_chains_subagents_compaction_truncation_and_cha
     assert linear.same_tokens and linear.polar_main == linear.gym_main == ["a", "b", "c"]
     assert linear.polar_trainable == linear.gym_trainable == 8
 
-    m1 = rec("m1", [1, 2, 3], [10, EOT])
-    s1 = rec("s1", [7, 8], [40, EOT], render_reason="new_conversation")
-    m2 = child("m2", m1, [20], [11, EOT])
-    s2 = child("s2", s1, [41], [42, EOT])
-    m3 = child("m3", m2, [21], [12, EOT])
-    k1 = rec("k1", [1, 2, 99], [50, EOT], render_reason="history_diverged")
-    mixed = cross_check([m1, s1, m2, s2, m3, k1])
+    mixed = cross_check(subagent_and_compaction())
     assert mixed.same_chains and mixed.same_tokens
     assert sorted(mixed.gym_chains) == [["k1"], ["m1", "m2", "m3"], ["s1", "s2"]]
     assert mixed.polar_main == mixed.gym_main == ["m1", "m2", "m3"]

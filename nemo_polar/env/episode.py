@@ -105,10 +105,16 @@ def run_harness(
     )
 
 
-def grade(evaluator: Grader, session: SessionResult, attempt: AttemptDir) -> GradeResult:
-    graded = evaluator.grade(session.patch)
+def grade(evaluator: Grader, session: SessionResult, attempt: AttemptDir) -> tuple[GradeResult | None, str | None]:
+    """``(grade, None)``, or ``(None, why)`` when grading raised; a session that did not complete is not graded."""
+    if session.status != "completed":
+        return None, None
+    try:
+        graded = evaluator.grade(session.patch)
+    except Exception as exc:  # an evaluation failure is a verdict (evaluation_failed), never the caller's crash
+        return None, f"evaluation failed: {exc}"
     attempt.grade.write_text(graded.model_dump_json(indent=2))
-    return graded
+    return graded, None
 
 
 def conclude(
@@ -176,12 +182,7 @@ def run_episode(
             )
         except Exception as exc:
             return Episode.failed("run_failed", f"harness run failed: {exc}")
-        graded, error = None, None
-        if session.status == "completed":
-            try:
-                graded = grade(evaluator, session, attempt)
-            except Exception as exc:
-                error = f"evaluation failed: {exc}"
+        graded, error = grade(evaluator, session, attempt)
     finally:
         evaluator.close()
     return conclude(session, graded, policy or VerdictPolicy(), attempt, grade_error=error)
