@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import engine_python; print(engine_python())')
 
-.PHONY: setup venv engine models system harnesses task-env test lint demo bench clean
+.PHONY: setup venv engine models system harnesses task-env test lint demo bench patterns clean
 
 setup: venv engine models system harnesses task-env docker gym
 
@@ -74,6 +74,14 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m bench.run
+
+# Multi-context sessions from the real CLIs (examples/tasks/patterns): every scenario in bwrap, then the scenario x CLI
+# table written into the README (polar patterns exits 1 if a scenario lost tokens, failed its audit or did not run).
+PATTERNS := examples/tasks/patterns
+patterns: setup
+	rm -rf $(PATTERNS)/results
+	POLAR_PATTERNS_OUT=$(PATTERNS)/results $(BIN)/pytest -q tests/test_patterns.py
+	$(BIN)/polar patterns --tasks $(PATTERNS) --readme README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

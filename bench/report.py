@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.paths import write_between_markers
+
 HERE = Path(__file__).resolve().parent
 README = HERE.parent / "README.md"
 BEGIN, END = "<!-- bench:table -->", "<!-- /bench:table -->"
+
 
 Figures = dict[str, Any]
 
@@ -212,12 +215,10 @@ def write_html(results: dict[str, Any], out: Path) -> None:
 
 
 def update_readme(table: str) -> None:
-    text = README.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    try:
+        write_between_markers(README, "bench:table", table)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> None:

@@ -233,6 +233,33 @@ def _grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _patterns(args: argparse.Namespace) -> int:
+    from nemo_polar.env.patterns import patterns_table
+    from nemo_polar.paths import write_between_markers
+
+    tasks = args.tasks or _checkout("examples/tasks/patterns")
+    results = args.results or tasks / "results"
+    try:
+        table, problems = patterns_table(tasks, results)
+        if args.readme:
+            write_between_markers(args.readme, "patterns:table", table)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"polar patterns: {exc}") from None
+    print(table)
+    for problem in problems:
+        print(f"polar patterns: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _checkout(rel: str) -> Path:
+    from nemo_polar.paths import source_dir
+
+    root = source_dir()
+    if root is None:
+        raise SystemExit(f"polar: not running from a checkout; give the path of {rel}")
+    return root / rel
+
+
 def _harness_install(args: argparse.Namespace) -> int:
     from nemo_polar.env.harness import install
 
@@ -295,6 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     proxy.add_argument("--log-level", default="warning")
     proxy.set_defaults(func=_proxy)
+    pat = sub.add_parser(
+        "patterns",
+        help="the scenario x CLI table of multi-context sessions (subagents, compaction, retries, ...)",
+        description="Render the summary lines the pattern tests write (make patterns) as the scenario x CLI table: "
+        "calls, chains by role, breaks by reason, tokens lost, audit. Exits 1 if a scripted scenario has no result, "
+        "lost tokens or failed its audit.",
+    )
+    pat.add_argument("--tasks", type=Path, help="the scenario files (default: examples/tasks/patterns)")
+    pat.add_argument("--results", type=Path, help="the tests' summary lines (default: <tasks>/results)")
+    pat.add_argument("--readme", type=Path, help="also write the table between the README's patterns:table markers")
+    pat.set_defaults(func=_patterns)
     for name, helptext in (
         ("reconstruct", "build traces from proxy records"),
         ("audit", "check traces against the records they came from"),

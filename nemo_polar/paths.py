@@ -40,3 +40,14 @@ def run_dir() -> Path:
 def dist_dir() -> Path:
     """Where ``polar gym-root --wheel`` builds nemo_polar's wheel: the find-links directory for Gym's venv builds."""
     return cache_dir() / "dist"
+
+
+def write_between_markers(path: Path, marker: str, text: str) -> None:
+    """Replace what lies between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path`` (a generated README table)."""
+    begin, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    content = path.read_text()
+    if begin not in content or end not in content:
+        raise ValueError(f"{path} has no {begin} ... {end} markers")
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")

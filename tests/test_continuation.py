@@ -341,3 +341,23 @@ def test_qwen3_coder_tool_call_from_the_engine(proxy: ProxyHandle) -> None:
     [call] = reply.choices[0].message.tool_calls
     assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls -la"}
     assert reply.choices[0].message.content is None
+
+
+def test_end_of_turn_spelled_in_sampled_text_renders_afresh(proxy: ProxyHandle, engine_url: str) -> None:
+    """A turn whose text spells the end-of-turn token cannot be cut by counting end-of-turn tokens (the canonical
+    render turns the text into the token): the next call is rendered afresh, with its own reason, and its prompt
+    is the engine's own render of the history. Without the guard the cut lands inside the parent's turn."""
+    text = "Close a turn with <|im_end|> and go on."
+    session = proxy.session(**forced(text))
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "how do turns end?"}]
+    reply = client.chat.completions.create(model="local-model", messages=history).choices[0].message.content
+    assert reply == text
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and then?"}]
+    client.chat.completions.create(model="local-model", messages=history)
+    r1, r2 = proxy.records(session["session_id"])
+    assert EOT not in r1["sampled_token_ids"][:-1]  # spelled out in ordinary tokens, not sampled as the token
+    assert (r2["render_reason"], r2["parent_call_id"]) == ("end_of_turn_in_sampled", None)
+    assert r2["prompt_token_ids"] == engine_render(engine_url, history, tools=None)
+    # two user turns and the assistant turn close with EOT, and the spelled one became a fourth: counting misplaces it
+    assert r2["prompt_token_ids"].count(EOT) == 4

@@ -75,8 +75,8 @@ def test_identical_prompt_retry_is_kept_as_its_own_trace() -> None:
     nxt = child("n", retry2, [21], [32, EOT])
     result = prefix_merging([a, retry1, retry2, nxt])
     assert sorted(calls_of(result)) == [["a", "r2", "n"], ["r1"]]
-    assert {t.break_reason for t in result.traces} == {None, "branch"}
-    assert result.break_reasons["branch"] == 1
+    assert {t.break_reason for t in result.traces} == {None, "retry"}
+    assert result.break_reasons == {"retry": 1}
     assert audit(result.traces, [a, retry1, retry2, nxt]).ok
     assert sum(t.weight for t in result.traces) == pytest.approx(1.0)
 
@@ -432,3 +432,82 @@ def test_records_carry_a_schema_version_and_readers_refuse_newer_ones(tmp_path: 
         CallRecord.model_validate(newer)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         CallRecord.model_validate({**newer, "schema_version": 0})
+
+
+def test_root_carrying_an_earlier_summary_is_a_compaction_segment_of_that_chain() -> None:
+    summary = "Summary: listed the files and found the bug in calc.add."
+    m1 = rec("m1", [1, 2, 3], [10, EOT])
+    m2 = child("m2", m1, [20], [11, EOT], output_text=summary)  # the CLI asked for a summary
+    k1 = rec(
+        "k1",
+        [1, 2, 60],
+        [12, EOT],
+        render_reason="new_conversation",
+        request={"model": "m", "messages": [{"role": "user", "content": f"Earlier work:\n{summary}\nGo on."}]},
+    )
+    k2 = child("k2", k1, [21], [13, EOT])
+    s1 = rec("s1", [7, 8], [40, EOT], render_reason="new_conversation")  # a subagent carries no summary
+    result = prefix_merging([m1, m2, k1, k2, s1])
+    assert [(t.role, t.segment, t.break_reason, t.call_ids) for t in result.traces] == [
+        ("main", 0, None, ["m1", "m2"]),
+        ("compaction", 1, "compaction", ["k1", "k2"]),
+        ("subagent", 0, "new_conversation", ["s1"]),
+    ]
+    assert audit(result.traces, [m1, m2, k1, k2, s1]).ok
+
+
+def test_resent_first_request_is_a_retry_of_the_main_chain() -> None:
+    first = rec("a1", [1, 2], [10, EOT])  # completed, but the CLI lost the stream and sent it again
+    again = rec("a2", [1, 2], [10, EOT])
+    nxt = child("b", again, [20], [11, EOT])
+    result = prefix_merging([first, again, nxt])
+    assert [(t.role, t.break_reason, t.call_ids) for t in result.traces] == [
+        ("main", "retry", ["a1"]),
+        ("main", None, ["a2", "b"]),
+    ]
+    assert result.break_reasons == {"retry": 1}
+
+
+def test_history_rendered_afresh_goes_on_in_the_same_chain() -> None:
+    """A call the proxy could not continue (``end_of_turn_in_sampled``) starts a new segment of its chain, not a
+    subagent."""
+    m1 = rec("m1", [1, 2, 3], [10, 11, 12, EOT])
+    m2 = rec("m2", [1, 2, 3, 10, EOT, 11, 12, EOT, 20], [13, EOT], render_reason="end_of_turn_in_sampled")
+    result = prefix_merging([m1, m2])
+    assert [(t.role, t.segment, t.break_reason) for t in result.traces] == [
+        ("main", 0, None),
+        ("main", 1, "end_of_turn_in_sampled"),
+    ]
+
+
+def test_audit_coverage_names_a_dropped_or_duplicated_call() -> None:
+    a = rec("a", [1, 2], [10, EOT])
+    b = child("b", a, [20], [11, 12, EOT])
+    lost = rec("x", [5], [30, 31, EOT])
+    failed = rec("f", [5], [32], complete=False)  # no finished generation: not the builder's to place
+    traces = prefix_merging([a, b]).traces
+    report = audit(traces, [a, b, lost, failed])
+    assert not report.ok and report.uncovered == ["x"] and report.tokens_lost == 3
+    twice = audit([*traces, traces[0]], [a, b])
+    assert not twice.ok and twice.duplicated == ["a", "b"]
+    assert audit(prefix_merging([a, b, lost, failed]).traces, [a, b, lost, failed]).ok
+
+
+def test_summary_asked_for_in_a_conversation_of_its_own_is_compaction_too() -> None:
+    """Pi asks for its compaction summary in a new conversation (own system prompt, the turns written out)."""
+    summary = "## Goal\nFix calc.add; the file was read and the bug found."
+    m1 = rec("m1", [1, 2, 3], [10, EOT])
+    ask = rec("ask", [9, 9], [50, EOT], render_reason="new_conversation", output_text=summary)
+    k1 = rec(
+        "k1",
+        [1, 2, 70],
+        [12, EOT],
+        render_reason="history_diverged",
+        request={"model": "m", "messages": [{"role": "user", "content": f"Compacted:\n<summary>{summary}</summary>"}]},
+    )
+    result = prefix_merging([m1, ask, k1])
+    assert [(t.role, t.break_reason, t.call_ids) for t in result.traces] == [
+        ("main", None, ["m1"]),
+        ("compaction", "compaction", ["ask"]),
+        ("compaction", "compaction", ["k1"]),
+    ]

@@ -332,3 +332,24 @@ def test_bad_inputs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     done = subprocess.run([*cli, str(missing), "-o", out], capture_output=True, text=True)
     assert done.returncode == 2 and str(missing) in done.stderr
     assert subprocess.run([*cli, str(records)], capture_output=True, text=True).returncode == 2  # no -o
+
+
+def test_chain_tree_nests_chains_under_the_call_they_started_after(tmp_path: Path) -> None:
+    """The session's chains as a tree: a subagent under the main call that spawned it, a compaction segment under
+    the call that came before it; every chain is an item of the tree on the page."""
+    from nemo_polar.view.report import chain_tree
+    from tests.test_reconstruct import subagent_and_compaction
+
+    records = subagent_and_compaction()  # m1 s1 m2 s2 m3 k1, in call order
+    traces = prefix_merging(records).traces
+    [main] = chain_tree(traces, {r.call_id: r for r in records})
+    assert (main.trace.role, main.after_call) == ("main", None)
+    assert [(c.trace.role, c.after_call, c.children) for c in main.children] == [
+        ("subagent", "m1", []),
+        ("compaction", "m3", []),
+    ]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(r.model_dump_json() + "\n" for r in records))
+    page = Elements(render_report([path]))
+    items = [e for e in page.elements if e["tag"] == "li" and "data-trace" in e]
+    assert [e["data-trace"] for e in items] == [main.trace.trace_id, *(c.trace.trace_id for c in main.children)]

@@ -32,11 +32,31 @@ class EditFile(BaseModel):
 
 
 class Final(BaseModel):
+    """A text-only turn: the answer, or what a CLI asked for without tools (a compaction summary, a title)."""
+
     kind: Literal["final"] = "final"
     text: str
 
 
-Action = Annotated[Shell | ReadFile | EditFile | Final, Field(discriminator="kind")]
+class Subagent(BaseModel):
+    """Delegate to the CLI's own subagent tool; the subagent's calls follow in the script, then the main turn."""
+
+    kind: Literal["subagent"] = "subagent"
+    description: str
+    prompt: str
+
+
+Tool = Annotated[Shell | ReadFile | EditFile | Subagent, Field(discriminator="kind")]
+
+
+class ToolCalls(BaseModel):
+    """Several tool calls in one assistant turn (parallel tool calls)."""
+
+    kind: Literal["tool_calls"] = "tool_calls"
+    calls: list[Tool] = Field(min_length=2)
+
+
+Action = Annotated[Shell | ReadFile | EditFile | Final | Subagent | ToolCalls, Field(discriminator="kind")]
 Script = list[Action]
 script_adapter: TypeAdapter[list[Action]] = TypeAdapter(list[Action])
 

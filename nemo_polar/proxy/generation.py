@@ -67,7 +67,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         full = await renderer.render(conv.template_messages(), tools, kwargs)
         prompt = full
         if parent is not None:
-            prompt, reason = _continue(parent, full, info.eot_id)
+            prompt, reason = _continue(parent, full, info.eot_id, engine.eot_token)
             if prompt is None:
                 parent, prompt = None, full
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
@@ -118,10 +118,15 @@ def _chat_tool_choice(choice: str) -> Any:
     return {"type": "function", "function": {"name": choice}}
 
 
-def _continue(parent: CallState, full: list[int], eot: int | None) -> tuple[list[int] | None, str]:
+def _continue(parent: CallState, full: list[int], eot: int | None, eot_text: str) -> tuple[list[int] | None, str]:
     if eot is None:
         return None, "no_single_end_of_turn_token"
     rec = parent.record
+    # The cut below counts end-of-turn tokens. An end-of-turn inside the sampled turn (sampled as the token, or
+    # spelled out in text, which the canonical render turns into the token) shifts that count, and the new part
+    # would start inside the parent's turn: render the whole history afresh instead.
+    if eot in rec.sampled_token_ids[:-1] or eot_text in (rec.output_text or ""):
+        return None, "end_of_turn_in_sampled"
     closed = rec.prompt_token_ids.count(eot) + 1  # the parent's context turns + the parent's own turn
     cut = _nth_after(full, eot, closed)
     if cut is None or cut >= len(full):

@@ -1,5 +1,6 @@
-"""Fidelity audit: every trace's trainable tokens are the recorded sampled ids, and the context each call is
-stitched into is exactly the prompt the engine was given."""
+"""Fidelity audit: every trace's trainable tokens are the recorded sampled ids, the context each call is stitched
+into is exactly the prompt the engine was given, and every complete call's sampled ids are in exactly one trace
+(coverage: a builder that drops or duplicates a call fails the audit naming it)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ class AuditReport(BaseModel):
     sampled_mismatch: list[str] = Field(default_factory=list, description="call ids whose sampled ids differ")
     context_mismatch: list[str] = Field(default_factory=list, description="call ids stitched into another context")
     missing_records: list[str] = Field(default_factory=list)
+    uncovered: list[str] = Field(default_factory=list, description="complete calls in no trace: their tokens are lost")
+    duplicated: list[str] = Field(default_factory=list, description="complete calls in more than one trace")
+    tokens_lost: int = Field(default=0, description="sampled ids of the uncovered calls")
     break_reasons: dict[str, int] = Field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.sampled_mismatch or self.context_mismatch or self.missing_records)
+        return not (
+            self.sampled_mismatch or self.context_mismatch or self.missing_records or self.uncovered or self.duplicated
+        )
 
 
 def audit(traces: list[Trace], records: list[CallRecord]) -> AuditReport:
@@ -53,4 +59,13 @@ def audit(traces: list[Trace], records: list[CallRecord]) -> AuditReport:
             if trace.context_before(span) != rec.prompt_token_ids:
                 report.context_mismatch.append(span.call_id)
     report.break_reasons = dict(reasons)
+    placed = Counter(c for trace in traces for c in trace.call_ids)
+    for rec in records:
+        if not rec.complete:
+            continue  # a failed call has no finished generation to train on; builders list it as failed
+        if placed[rec.call_id] == 0:
+            report.uncovered.append(rec.call_id)
+            report.tokens_lost += len(rec.sampled_token_ids)
+        elif placed[rec.call_id] > 1:
+            report.duplicated.append(rec.call_id)
     return report

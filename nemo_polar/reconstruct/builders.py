@@ -28,10 +28,22 @@ history), B is not spliced; the reason says why:
 If B still extends an earlier call of the chain (A's turn was re-tokenised but everything before it is intact),
 B is stitched there with A's re-rendered turn as masked context, and A's own trace carries the reason. Otherwise
 B starts a new segment: the role of the chain it continues and the next segment number.
+
+Roots other than the session's first chain get a role from what they carry:
+
+- ``compaction``: the request carries the text of an earlier text-only reply of the session (the summary the CLI
+  asked for) — the history was rewritten around it. Reason ``compaction``; the segment numbering continues the
+  chain the summary came from. The summary call is one too when the CLI asked for it in a new conversation, and
+  so is a rewritten history the proxy flagged (``history_diverged``).
+- ``subagent``: a new conversation that carries no summary (its own system prompt and task).
+
+Calls given the same prompt (a CLI resending a request after an error or a dropped stream) are siblings: the one
+the session continued is kept in the chain, every other one is a trace of its own with reason ``retry``.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,9 +65,19 @@ class SideRule(BaseModel):
 
 DEFAULT_SIDE_RULES = [
     SideRule(name="qwen_code_memory_extraction", system_contains="managed memory extraction subagent"),
+    # Codex's auto-reviewer (approvals_reviewer="auto_review"): judges one planned action, in its own conversation
+    SideRule(name="codex_auto_review", system_contains="You are judging one planned coding-agent action"),
+    # CLAUDE_CODE_EMIT_TOOL_USE_SUMMARIES: a label for each tool batch, asked for beside the agent's next call
+    SideRule(
+        name="claude_code_tool_use_summary",
+        system_contains="summary label describing what these tool calls",
+        max_tools=0,
+    ),
     SideRule(name="title_generation", system_contains="title", max_tools=0),
 ]
 
+
+SUMMARY_TAG = re.compile(r"<summary>(.*?)</summary>", re.S)
 
 # "<think>\n\n</think>\n\n" in the Qwen2.5/Qwen3 vocabulary: Qwen3's generation prompt with thinking disabled.
 QWEN3_EMPTY_THINK = [151667, 271, 151668, 271]
@@ -254,15 +276,32 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
     for rec in reversed(agent):  # children start after their parent, so sizes are ready in reverse order
         size[rec.call_id] = 1 + sum(size[c] for c in children[rec.call_id])
 
-    result = BuildResult([], failed)
-    main_root = next((r.call_id for r in agent if parent[r.call_id] is None), None)
-    segments: Counter[str] = Counter()
-    for rec in agent:
-        if parent[rec.call_id] is not None:
+    roots = [r for r in agent if parent[r.call_id] is None]
+    for retried in _root_retries(roots, size):  # a resent first request: the same chain, not a new one
+        split[retried.call_id] = "retry"
+    main_root = next((r.call_id for r in roots if split.get(r.call_id) != "retry"), None)
+    summaries = {r.call_id: r for r in agent if _summary_text(r)}
+    for rec in roots:
+        if rec.call_id == main_root or rec.call_id in split or rec.parent_call_id is not None:
             continue
+        source = _carried_summary(rec, [summaries[c] for c in summaries if by_id[c].started_at < rec.started_at])
+        if source is not None:
+            origin[rec.call_id] = origin[source.call_id]
+            split[rec.call_id] = "compaction"
+            if parent[source.call_id] is None and source.call_id != main_root:
+                split.setdefault(source.call_id, "compaction")  # the summary asked for in a conversation of its own
+        elif (below := _rerendered_from(rec, seen)) is not None:
+            origin[rec.call_id] = origin[below.call_id]
+    result = BuildResult([], failed)
+    segments: Counter[str] = Counter()
+    for rec in roots:
         reason = split.get(rec.call_id) or _root_reason(rec)
         chain = origin[rec.call_id]
+        if reason == "retry":
+            chain = origin[rec.call_id] = origin[_root_retried(rec, roots, size).call_id]
         role: Role = "main" if chain == main_root else _root_role(by_id[chain])
+        if reason == "compaction":
+            role = "compaction"
         traces = _paths(rec.call_id, by_id, children, size, split, role, reason, segments[chain], result, cfg)
         segments[chain] += len(traces)
         result.traces += traces
@@ -282,6 +321,65 @@ def _child_towards(node: str, ancestor: str, parent: dict[str, str | None]) -> s
             return node
         node = up
     return None
+
+
+def _root_retries(roots: list[CallRecord], size: dict[str, int]) -> list[CallRecord]:
+    """Roots given the same prompt as another root that the session continued further (or that came later)."""
+    return [r for r in roots if _root_retried(r, roots, size) is not r]
+
+
+def _root_retried(rec: CallRecord, roots: list[CallRecord], size: dict[str, int]) -> CallRecord:
+    """The root that stands for ``rec``'s group of identical first requests: the one continued furthest."""
+    same = [r for r in roots if r.prompt_token_ids == rec.prompt_token_ids]
+    return max(same, key=lambda r: (size[r.call_id], r.started_at))
+
+
+def _summary_text(rec: CallRecord) -> str | None:
+    """A text-only reply long enough to be recognised where a CLI carries it into a rewritten history."""
+    text = (rec.output_text or "").strip()
+    if rec.finish_reason != "stop" or "<tool_call>" in text:
+        return None
+    tagged = SUMMARY_TAG.search(text)  # Claude Code carries only what is inside <summary>...</summary>
+    text = tagged.group(1).strip() if tagged else text
+    return text if len(text) >= 24 else None
+
+
+def _strings(value: object) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _carried_summary(root: CallRecord, earlier: list[CallRecord]) -> CallRecord | None:
+    """The latest earlier text-only reply whose text this root's request carries (a compaction summary)."""
+    texts = list(_strings(root.request))
+    for rec in sorted(earlier, key=lambda r: r.started_at, reverse=True):
+        summary = _summary_text(rec)
+        if summary and any(summary in t for t in texts):
+            return rec
+    return None
+
+
+def _rerendered_from(root: CallRecord, calls: list[CallRecord]) -> CallRecord | None:
+    """For a root the proxy rendered afresh although its history has model turns it produced (the continuation cut
+    was not provable, e.g. ``end_of_turn_in_sampled``): the latest earlier call whose prompt this root's prompt
+    extends. The chain goes on there in a new segment, with the render reason as its break reason."""
+    reason = (root.render_reason or "").removeprefix("engine_render:")
+    if reason in ("", "first_call", "new_conversation", "history_diverged", "assistant_turn_not_from_proxy"):
+        return None
+    earlier = [c for c in calls if c.started_at < root.started_at and c.prompt_token_ids]
+    n = len(root.prompt_token_ids)
+    found = [
+        c
+        for c in earlier
+        if len(c.prompt_token_ids) < n and root.prompt_token_ids[: len(c.prompt_token_ids)] == c.prompt_token_ids
+    ]
+    return max(found, key=lambda c: (len(c.prompt_token_ids), c.started_at), default=None)
 
 
 def _root_reason(rec: CallRecord) -> str | None:
@@ -321,7 +419,8 @@ def _paths(
             best = max(kids, key=lambda c: (size[c], by_id[c].started_at))
             for other in kids:
                 if other != best:
-                    other_why = split.get(other, "branch")
+                    same_prompt = by_id[other].prompt_token_ids == by_id[best].prompt_token_ids
+                    other_why = split.get(other, "retry" if same_prompt else "branch")
                     pending.append((other, other_why))
                     result.break_reasons[other_why] += 1
             node = best

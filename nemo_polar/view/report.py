@@ -330,6 +330,35 @@ class CallRow:
 
 
 @dataclass
+class ChainNode:
+    """A trace in the session's chain tree, under the chain that was running when it started."""
+
+    index: int
+    trace: Trace
+    after_call: str | None  # the call of the parent chain it started after
+    children: list[ChainNode] = field(default_factory=list)
+
+
+def chain_tree(traces: Sequence[Trace], records: dict[str, CallRecord]) -> list[ChainNode]:
+    """Nest each trace under the trace holding the latest call that started before its first call (the call that
+    spawned a subagent, asked for a compaction summary, or was retried); roots are the session's first chains."""
+    start = {i: records[t.call_ids[0]].started_at for i, t in enumerate(traces) if t.call_ids[0] in records}
+    calls = sorted((records[c].started_at, c, i) for i, t in enumerate(traces) for c in t.call_ids if c in records)
+    nodes = [ChainNode(i, t, None) for i, t in enumerate(traces)]
+    roots: list[ChainNode] = []
+    for node in nodes:
+        t0 = start.get(node.index)
+        before = [(at, c, i) for at, c, i in calls if i != node.index and t0 is not None and at < t0]
+        if not before:
+            roots.append(node)
+            continue
+        _, call_id, parent = before[-1]
+        node.after_call = call_id
+        nodes[parent].children.append(node)
+    return roots
+
+
+@dataclass
 class SessionView:
     anchor: str
     session_id: str
@@ -341,6 +370,7 @@ class SessionView:
     traces_from: str  # "prefix_merging" or the traces file
     audit: AuditReport | None
     stage_offsets: list[tuple[str, float]]
+    tree: list[ChainNode] = field(default_factory=list)
 
     @property
     def status(self) -> str | None:
@@ -460,6 +490,7 @@ def session_view(e: _Entry, decoder: Decoder, max_tokens: int, index: int) -> Se
         traces_from=traces_from,
         audit=audit_report,
         stage_offsets=stage_offsets,
+        tree=chain_tree(traces, e.records),
     )
 
 

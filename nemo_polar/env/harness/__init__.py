@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch
+from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch, Unsupported
 from nemo_polar.env.harness.claude_code import ClaudeCode
 from nemo_polar.env.harness.codex import Codex
 from nemo_polar.env.harness.opencode import OpenCode
@@ -27,4 +27,4 @@ def install(names: list[str] | None = None) -> None:
         print(f"{name}: {HARNESSES[name].package}@{HARNESSES[name].version} in {prefix}")
 
 
-__all__ = ["HARNESSES", "Endpoint", "Harness", "HarnessMissing", "Launch", "get_harness", "install"]
+__all__ = ["HARNESSES", "Endpoint", "Harness", "HarnessMissing", "Launch", "Unsupported", "get_harness", "install"]

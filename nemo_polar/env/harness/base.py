@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, tool_call_text
+from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls, tool_call_text
 from nemo_polar.paths import cache_dir
 
 HARNESS_MOUNT = "/opt/polar/harness"  # where the pinned install appears inside a sandbox
@@ -38,6 +38,10 @@ COMMON_EXCLUDES = (
 
 class HarnessMissing(RuntimeError):
     """The pinned CLI is not installed; the message says how to install it."""
+
+
+class Unsupported(ValueError):
+    """The CLI has no tool for a scripted action (e.g. no subagent tool); the message says why."""
 
 
 class Endpoint(BaseModel):
@@ -135,16 +139,23 @@ class Harness(ABC):
     @abstractmethod
     def edit_file(self, path: str, old: str, new: str) -> tuple[str, dict[str, Any]]: ...
 
+    def subagent(self, description: str, prompt: str) -> tuple[str, dict[str, Any]]:
+        raise Unsupported(f"{self.name} has no subagent tool")
+
     def action_text(self, action: Action, workspace: str) -> str:
         """The exact completion the engine is constrained to for this action."""
         if isinstance(action, Final):
             return action.text
+        if isinstance(action, ToolCalls):
+            return "\n".join(self.action_text(call, workspace) for call in action.calls)
         if isinstance(action, Shell):
             name, args = self.shell(action.command)
         elif isinstance(action, ReadFile):
             name, args = self.read_file(f"{workspace}/{action.path}")
         elif isinstance(action, EditFile):
             name, args = self.edit_file(f"{workspace}/{action.path}", action.old, action.new)
+        elif isinstance(action, Subagent):
+            name, args = self.subagent(action.description, action.prompt)
         else:  # pragma: no cover - the union is closed
             raise TypeError(action)
         return tool_call_text(name, args)

@@ -23,6 +23,11 @@ class ClaudeCode(Harness):
     bin = "claude"
     transcript_format = "json"
 
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """``env``: more of Claude Code's own environment settings (e.g. ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` and
+        ``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` for when auto-compact fires); they win over the defaults below."""
+        self.env = {k: str(v) for k, v in (env or {}).items()}
+
     def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:
         argv = [
             self.executable(root),
@@ -45,6 +50,7 @@ class ClaudeCode(Harness):
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_ERROR_REPORTING": "1",
             "IS_SANDBOX": "1",  # root inside the sandbox: allows --dangerously-skip-permissions
+            **self.env,
         }
         return Launch(argv=argv, env=env)
 
@@ -57,3 +63,12 @@ class ClaudeCode(Harness):
     def edit_file(self, path: str, old: str, new: str) -> tuple[str, dict[str, Any]]:
         # Claude Code refuses an Edit of a file it has not Read in the session; scripts read first.
         return "Edit", {"file_path": path, "old_string": old, "new_string": new}
+
+    def subagent(self, description: str, prompt: str) -> tuple[str, dict[str, Any]]:
+        # In the foreground: main waits for the subagent's report (background agents only notify later).
+        return "Agent", {
+            "description": description,
+            "prompt": prompt,
+            "subagent_type": "general-purpose",
+            "run_in_background": False,
+        }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.script import Action, Subagent, tool_call_text
 
 BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 TEMPLATE_SLUG = "gpt-5.5"  # a built-in entry whose tools (freeform apply_patch, shell) suit a coding policy
@@ -29,8 +30,21 @@ class Codex(Harness):
     version = "0.169.0"
     bin = "codex"
 
-    def __init__(self, context_window: int = 32768) -> None:
+    def __init__(
+        self,
+        context_window: int = 32768,
+        enable: tuple[str, ...] = (),
+        auto_compact_token_limit: int | None = None,
+        auto_review: bool = False,
+    ) -> None:
         self.context_window = context_window
+        self.enable = tuple(enable)  # extra `--enable FEATURE` flags (e.g. multi_agent_v2)
+        # Codex compacts the history once a call's total tokens reach this (`model_auto_compact_token_limit`).
+        self.auto_compact_token_limit = auto_compact_token_limit
+        # Codex's auto-reviewer judges every sandbox escalation in a call of its own (approvals_reviewer auto_review);
+        # scripted commands then ask for escalation, so they run after review outside Codex's sandbox (which cannot
+        # nest in the runtime's).
+        self.auto_review = auto_review
 
     @classmethod
     def post_install(cls, prefix: Path) -> None:
@@ -60,7 +74,7 @@ class Codex(Harness):
             "--ephemeral",
             # Already inside the runtime's sandbox; Codex's own bwrap sandbox cannot nest in it.
             "-s",
-            "danger-full-access",
+            "workspace-write" if self.auto_review else "danger-full-access",
             "-C",
             workspace,
             "-c",
@@ -81,12 +95,25 @@ class Codex(Harness):
             "apps",
             "--disable",
             "remote_plugin",
+            *self.options(),
             instruction,
         ]
         env = {"CODEX_HOME": f"{home}/.codex", "POLAR_API_KEY": endpoint.api_key}
         return Launch(argv=argv, env=env, files={".codex/catalog.json": self.catalog(endpoint.model)})
 
+    def options(self) -> list[str]:
+        """The scenario settings as command-line flags (none by default)."""
+        argv = [arg for feature in self.enable for arg in ("--enable", feature)]
+        if self.auto_compact_token_limit is not None:
+            argv += ["-c", f"model_auto_compact_token_limit={self.auto_compact_token_limit}"]
+        if self.auto_review:
+            argv += ["-c", 'approval_policy="on-request"', "-c", 'approvals_reviewer="auto_review"']
+        return argv
+
     def shell(self, command: str) -> tuple[str, dict[str, Any]]:
+        if self.auto_review:
+            escalate = {"sandbox_permissions": "require_escalated", "justification": "Run the requested command."}
+            return "exec_command", {"cmd": command, **escalate}
         return "exec_command", {"cmd": command}
 
     def read_file(self, path: str) -> tuple[str, dict[str, Any]]:
@@ -97,3 +124,16 @@ class Codex(Harness):
         plus = "".join(f"+{line}\n" for line in new.splitlines())
         patch = f"*** Begin Patch\n*** Update File: {path}\n@@\n{minus}{plus}*** End Patch\n"
         return "apply_patch", {"input": patch}
+
+    def subagent(self, description: str, prompt: str) -> tuple[str, dict[str, Any]]:
+        # multi_agent_v2's spawn_agent; fork_turns "none": the subagent starts a conversation of its own.
+        task = "".join(c if c.isalnum() else "_" for c in description.lower()).strip("_") or "task"
+        return "spawn_agent", {"task_name": task, "message": prompt, "fork_turns": "none"}
+
+    def action_text(self, action: Action, workspace: str) -> str:
+        # A spawned agent runs in the background while the main thread samples on. wait_agent in the same turn
+        # blocks the main thread until the subagent finishes, so the scripted calls come in a fixed order.
+        text = super().action_text(action, workspace)
+        if isinstance(action, Subagent):
+            text += "\n" + tool_call_text("wait_agent", {"timeout_ms": 600000})
+        return text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, Harness, Launch
@@ -14,9 +15,21 @@ class Pi(Harness):
     version = "0.73.1"
     bin = "pi"
 
-    def __init__(self, context_window: int = 32768, max_tokens: int = 4096) -> None:
+    def __init__(
+        self,
+        context_window: int = 32768,
+        max_tokens: int = 4096,
+        settings: dict[str, Any] | None = None,
+        follow_ups: list[str] | None = None,
+    ) -> None:
+        """``settings``: Pi's own ``settings.json`` (e.g. ``compaction`` thresholds, ``retry``). ``follow_ups``: user
+        messages for the same session, each a later ``pi -p --continue`` run, the way a user continues a session.
+        (Several messages in one ``pi -p`` race: the next prompt does not wait for the auto-compaction Pi starts when
+        a prompt's run ends, and its own pre-prompt check starts a second one on the same history.)"""
         self.context_window = context_window
         self.max_tokens = max_tokens
+        self.settings = settings or {}
+        self.follow_ups = list(follow_ups or [])
 
     def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:
         provider = {
@@ -34,7 +47,12 @@ class Pi(Harness):
             "PI_TELEMETRY": "0",
         }
         files = {".pi/agent/models.json": json.dumps({"providers": {"polar": provider}}, indent=2)}
-        return Launch(argv=[*argv, instruction], env=env, files=files)
+        if self.settings:
+            files[".pi/agent/settings.json"] = json.dumps(self.settings, indent=2)
+        if not self.follow_ups:
+            return Launch(argv=[*argv, instruction], env=env, files=files)
+        runs = [[*argv, instruction], *([*argv, "--continue", text] for text in self.follow_ups)]
+        return Launch(argv=["/bin/sh", "-c", " && ".join(shlex.join(run) for run in runs)], env=env, files=files)
 
     def shell(self, command: str) -> tuple[str, dict[str, Any]]:
         return "bash", {"command": command}

@@ -1,0 +1,84 @@
+"""Fault injection around the real engine and proxy: a forwarding HTTP point that fails chosen model calls.
+
+Only what the real parts cannot be made to do on demand is faked: an engine answering 500 for one call, and a
+client connection dropping after part of a stream. Everything else is forwarded byte for byte.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterable
+from typing import Literal
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from nemo_polar.proxy.serve import BackgroundServer
+
+ENGINE_CALLS = ("/v1/completions", "/v1/chat/completions")
+CLIENT_CALLS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
+
+
+class DroppedConnection(Exception):
+    """Raised inside a streamed body: uvicorn closes the connection without ending the response."""
+
+
+def fault_app(upstream: str, kind: Literal["http_500", "disconnect"], calls: Iterable[int], paths: tuple[str, ...]):
+    """Forward every request to ``upstream``; the model calls (POSTs to ``paths``) numbered in ``calls`` fail."""
+    app = FastAPI()
+    client = httpx.AsyncClient(base_url=upstream, timeout=None)
+    failing = set(calls)
+    seen = {"calls": 0}
+    lock = threading.Lock()
+    app.state.faulted = []  # the call numbers that were failed, for the test to check
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"])
+    async def forward(path: str, request: Request) -> Response:
+        body = await request.body()
+        url = "/" + path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        index = None
+        if request.method == "POST" and "/" + path in paths:
+            with lock:
+                index, seen["calls"] = seen["calls"], seen["calls"] + 1
+        if index in failing and kind == "http_500":
+            app.state.faulted.append(index)
+            return JSONResponse({"error": {"message": "injected engine fault", "type": "InternalServerError"}}, 500)
+        upstream_req = client.build_request(request.method, url, content=body, headers=headers)
+        resp = await client.send(upstream_req, stream=True)
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        if index in failing:  # disconnect: the whole answer is consumed upstream, half of it reaches the client
+            data = await resp.aread()
+            await resp.aclose()
+            app.state.faulted.append(index)
+
+            async def cut() -> AsyncIterator[bytes]:
+                yield data[: len(data) // 2]
+                raise DroppedConnection(f"injected disconnect on call {index}")
+
+            return StreamingResponse(cut(), status_code=resp.status_code, headers=out_headers)
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            finally:
+                await resp.aclose()
+
+        return StreamingResponse(relay(), status_code=resp.status_code, headers=out_headers)
+
+    return app
+
+
+class FaultPoint(BackgroundServer):
+    """A fault point served on loopback: ``url`` replaces the upstream's URL for whoever should see the faults."""
+
+    def __init__(self, upstream: str, kind: Literal["http_500", "disconnect"], calls: Iterable[int]) -> None:
+        self.app = fault_app(upstream, kind, calls, ENGINE_CALLS if kind == "http_500" else CLIENT_CALLS)
+        super().__init__(self.app)
+
+    @property
+    def faulted(self) -> list[int]:
+        return list(self.app.state.faulted)

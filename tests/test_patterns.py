@@ -1,0 +1,194 @@
+"""Multi-context sessions from the real CLIs: subagents, compaction, parallel tool calls, a failing tool call,
+an engine error and a dropped stream the CLI retries, and the CLI's own side calls.
+
+Each scenario file under ``examples/tasks/patterns/`` scripts one CLI (the engine is constrained to the script's
+text, so ids and logprobs are really sampled; the CLI and its tools are real and run in bubblewrap). For each:
+the records are exact (the audit proves every stitched context, and the engine re-scores every trace), prefix
+merging finds exactly the expected chains, breaks and render reasons (a silent fallback to fresh rendering changes
+the counts), no complete call's tokens are lost, the main chain exports contiguously to NeMo Gym, the SFT export
+keeps every agent chain, and ``polar view`` shows the chain tree. With ``POLAR_PATTERNS_OUT`` set each session's
+summary line is written there for ``polar patterns`` (``make patterns``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nemo_polar.env.harness import HARNESSES, get_harness
+from nemo_polar.env.patterns import SCENARIOS, PatternTask, load_patterns
+from nemo_polar.env.session import run_session
+from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.export import sft_rows
+from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
+from nemo_polar.reconstruct.patterns import summarize
+from nemo_polar.reconstruct.recompute import recompute_logprobs
+from nemo_polar.sandbox import get_runtime
+from nemo_polar.sandbox.workspace import Task
+from nemo_polar.view.report import render_report
+from tests.conftest import ProxyHandle, make_proxy
+from tests.faults import FaultPoint
+
+PATTERNS = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "patterns"
+PAPER_HARNESSES = ("codex", "claude_code", "qwen_code", "pi")
+CASES = load_patterns(PATTERNS)
+RUN = [c for c in CASES if not c.unsupported and not c.blocked]
+
+
+def test_every_scenario_is_scripted_or_explained_for_every_cli() -> None:
+    """The table has no holes: each scenario x CLI is a scripted session or a reason the CLI cannot do it."""
+    have = {(c.scenario, c.harness) for c in CASES}
+    missing = [f"{s}/{h}" for s in SCENARIOS for h in PAPER_HARNESSES if (s, h) not in have]
+    assert not missing, f"no pattern file for {missing}"
+    assert all(c.harness in HARNESSES for c in CASES)
+    assert all(len(c.about) > 20 for c in CASES)
+
+
+@pytest.fixture
+def engine_side(request: pytest.FixtureRequest, engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:
+    """The shared proxy, or for an engine fault a proxy of its own whose engine URL is a fault point."""
+    case: PatternTask = request.param
+    faults = [f.call for f in case.faults if f.at == "engine"]
+    if not faults:
+        yield request.getfixturevalue("proxy")
+        return
+    with FaultPoint(engine_url, "http_500", faults) as point:
+        for handle in make_proxy(point.url, tmp_path / "records"):  # one proxy, stopped when the test ends
+            handle.fault_point = point  # type: ignore[attr-defined]
+            yield handle
+
+
+@pytest.fixture(scope="module")
+def model_dir(engine_url: str) -> Path:
+    return Path(httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("case", "engine_side"), [(c, c) for c in RUN], ids=[c.id for c in RUN], indirect=["engine_side"]
+)
+def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: Path, tmp_path: Path) -> None:
+    harness = get_harness(case.harness, **case.harness_options)
+    task = Task(instance_id=case.id, problem_statement=case.instruction, repo=PATTERNS / "repo")
+    with ExitStack() as stack:
+        client = engine_side.client()
+        client_faults = [f.call for f in case.faults if f.at == "client"]
+        point = None
+        if client_faults:
+            point = stack.enter_context(FaultPoint(engine_side.url, "disconnect", client_faults))
+            client = ProxyClient(url=point.url, admin_url=client.admin_url, admin_token=client.admin_token)
+        result = run_session(
+            harness,
+            task,
+            get_runtime("bwrap"),
+            client,
+            tmp_path / "session",
+            script=case.script,
+            session_config=case.session,
+            timeout=case.timeout_s,
+        )
+    assert result.status == "completed", result.error
+    assert result.egress == []
+    engine_point = getattr(engine_side, "fault_point", None)
+    for p, kind in ((engine_point, "engine"), (point, "client")):
+        if p is not None:  # every injected fault really happened, at the call it was meant for
+            assert sorted(p.faulted) == sorted(f.call for f in case.faults if f.at == kind)
+    records = result.records
+    expect = case.expect
+    assert expect is not None
+
+    row = summarize(case.scenario, case.harness, records, harness.version)
+    if out := os.environ.get("POLAR_PATTERNS_OUT"):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{case.id}.json").write_text(row.model_dump_json(indent=1))
+    got = {
+        "calls": row.calls,
+        "failed_calls": row.failed_calls,
+        "chains": row.chains,
+        "breaks": row.breaks,
+        "render_reasons": row.render_reasons,
+    }
+    assert got == expect.model_dump(), [(r.call_id, r.render_reason, (r.output_text or "")[:80]) for r in records]
+
+    # Nothing lost, every context proven; a call the proxy linked to its parent was continued, not re-rendered.
+    assert row.audit_ok and row.tokens_lost == 0, row.audit_failures
+    for rec in records:
+        if rec.parent_call_id is not None and rec.complete:
+            assert rec.render_reason == "continuation", rec.call_id
+
+    built = prefix_merging(records)
+    by_id = {r.call_id: r for r in records}
+    # The engine re-scores every trainable token of every trace (what `polar audit --recompute-logprobs` does).
+    drift = recompute_logprobs(built.traces, model_dir)
+    assert drift["tokens"] == sum(t.trainable_tokens for t in built.traces)
+    # NeMo-RL's contiguity rule holds along the main chain; the SFT export keeps every agent chain.
+    for trace in built.traces:
+        if trace.role == "main":
+            check_contiguous(gym_output_items(trace, by_id))
+    rows = sft_rows(built.traces, by_id)
+    assert [(r.trace_id, r.role) for r in rows] == [(t.trace_id, t.role) for t in built.traces]
+    assert all(
+        r.messages[-1].role == "assistant" and r.response_ids == t.response_ids
+        for r, t in zip(rows, built.traces, strict=True)
+    )
+
+    # polar view shows every chain in the session's chain tree.
+    html = render_report([tmp_path / "session"])
+    for trace in built.traces:
+        assert f'data-trace="{trace.trace_id}"' in html
+
+
+def test_polar_patterns_table_and_what_it_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_polar.cli import main as polar
+    from nemo_polar.reconstruct.patterns import PatternRow
+
+    tasks, results = tmp_path / "tasks", tmp_path / "results"
+    for scenario, harness, body in (
+        (
+            "subagent",
+            "pi",
+            "about: Pi has four tools (read, bash, edit, write) and none that starts an agent.\nunsupported: true\n",
+        ),
+        ("subagent", "claude_code", (PATTERNS / "parallel_tools" / "pi.yaml").read_text()),
+    ):
+        (tasks / scenario).mkdir(parents=True, exist_ok=True)
+        (tasks / scenario / f"{harness}.yaml").write_text(body)
+    results.mkdir()
+    row = PatternRow(
+        scenario="subagent",
+        harness="claude_code",
+        calls=4,
+        chains={"main": 1, "subagent": 1},
+        breaks={"new_conversation": 1},
+        audit_ok=True,
+    )
+    (results / "subagent-claude_code.json").write_text(row.model_dump_json())
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- patterns:table -->\nold\n<!-- /patterns:table -->\nrest\n")
+
+    assert polar(["patterns", "--tasks", str(tasks), "--results", str(results), "--readme", str(readme)]) == 0
+    table = capsys.readouterr().out.strip()
+    assert "| scenario | claude_code | pi |" in table
+    assert (
+        "| subagent | 4 calls<br>chains: main 1, subagent 1<br>breaks: new_conversation 1<br>"
+        "lost 0 · audit ok | — (1) |" in table
+    )
+    assert "1. pi, subagent: Pi has four tools" in table
+    assert readme.read_text() == f"intro\n<!-- patterns:table -->\n{table}\n<!-- /patterns:table -->\nrest\n"
+
+    # a lost token, a failed audit or a scripted scenario without a result is an error, named
+    (results / "subagent-claude_code.json").write_text(row.model_copy(update={"tokens_lost": 3}).model_dump_json())
+    assert polar(["patterns", "--tasks", str(tasks), "--results", str(results)]) == 1
+    assert "subagent-claude_code: 3 tokens lost" in capsys.readouterr().err
+    (results / "subagent-claude_code.json").unlink()
+    assert polar(["patterns", "--tasks", str(tasks), "--results", str(results)]) == 1
+    assert "subagent-claude_code: not run" in capsys.readouterr().err
+    (tasks / "subagent" / "codex.yaml").write_text("about: no script\n")
+    with pytest.raises(SystemExit, match="needs instruction, script, expect"):
+        polar(["patterns", "--tasks", str(tasks), "--results", str(results)])
