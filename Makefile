@@ -83,5 +83,12 @@ patterns: setup
 	POLAR_PATTERNS_OUT=$(PATTERNS)/results $(BIN)/pytest -q tests/test_patterns.py
 	$(BIN)/polar patterns --tasks $(PATTERNS) --readme README.md
 
+# The README's screenshot of `polar view` (docs/img/polar_view.png): one real Claude Code session that spawns a
+# subagent and auto-compacts (examples/tasks/view_demo), on a running engine serving tiny-qwen3 (`polar engine up`).
+ENGINE_URL ?= http://127.0.0.1:8011
+.PHONY: view-screenshot
+view-screenshot: venv
+	$(BIN)/python examples/view_screenshot.py --engine-url $(ENGINE_URL) --out docs/img/polar_view.png
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,11 +1,14 @@
 """Fault injection around the real engine and proxy: a forwarding HTTP point that fails chosen model calls.
 
-Only what the real parts cannot be made to do on demand is faked: an engine answering 500 for one call, and a
-client connection dropping after part of a stream. Everything else is forwarded byte for byte.
+Only what the real parts cannot be made to do on demand is faked: an engine answering 500 for one call, an engine
+slow to end a stream (its finishing event held until the test releases it), and a client connection dropping after
+part of a stream. Everything else is forwarded byte for byte.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Literal
@@ -25,7 +28,23 @@ class DroppedConnection(Exception):
     """Raised inside a streamed body: uvicorn closes the connection without ending the response."""
 
 
-def fault_app(upstream: str, kind: Literal["http_500", "disconnect"], calls: Iterable[int], paths: tuple[str, ...]):
+FaultKind = Literal["http_500", "hold_finish", "disconnect"]
+FINISHED = re.compile(rb'"finish_reason":\s*"')
+
+
+async def sse_events(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The raw server-sent events of a stream, each with its blank-line terminator."""
+    buffer = b""
+    async for chunk in resp.aiter_raw():
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            yield event + b"\n\n"
+    if buffer:
+        yield buffer
+
+
+def fault_app(upstream: str, kind: FaultKind, calls: Iterable[int], paths: tuple[str, ...]):
     """Forward every request to ``upstream``; the model calls (POSTs to ``paths``) numbered in ``calls`` fail."""
     app = FastAPI()
     client = httpx.AsyncClient(base_url=upstream, timeout=None)
@@ -33,6 +52,7 @@ def fault_app(upstream: str, kind: Literal["http_500", "disconnect"], calls: Ite
     seen = {"calls": 0}
     lock = threading.Lock()
     app.state.faulted = []  # the call numbers that were failed, for the test to check
+    app.state.release = threading.Event()  # hold_finish: set to let the held events through
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"])
     async def forward(path: str, request: Request) -> Response:
@@ -49,6 +69,20 @@ def fault_app(upstream: str, kind: Literal["http_500", "disconnect"], calls: Ite
         upstream_req = client.build_request(request.method, url, content=body, headers=headers)
         resp = await client.send(upstream_req, stream=True)
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        if index in failing and kind == "hold_finish":  # everything up to the first event that finishes the choice
+
+            async def held() -> AsyncIterator[bytes]:
+                try:
+                    async for event in sse_events(resp):
+                        if FINISHED.search(event) and index not in app.state.faulted:
+                            app.state.faulted.append(index)
+                            while not app.state.release.is_set():
+                                await asyncio.sleep(0.01)
+                        yield event
+                finally:
+                    await resp.aclose()
+
+            return StreamingResponse(held(), status_code=resp.status_code, headers=out_headers)
         if index in failing:  # disconnect: the whole answer is consumed upstream, half of it reaches the client
             data = await resp.aread()
             await resp.aclose()
@@ -75,10 +109,14 @@ def fault_app(upstream: str, kind: Literal["http_500", "disconnect"], calls: Ite
 class FaultPoint(BackgroundServer):
     """A fault point served on loopback: ``url`` replaces the upstream's URL for whoever should see the faults."""
 
-    def __init__(self, upstream: str, kind: Literal["http_500", "disconnect"], calls: Iterable[int]) -> None:
-        self.app = fault_app(upstream, kind, calls, ENGINE_CALLS if kind == "http_500" else CLIENT_CALLS)
+    def __init__(self, upstream: str, kind: FaultKind, calls: Iterable[int]) -> None:
+        self.app = fault_app(upstream, kind, calls, CLIENT_CALLS if kind == "disconnect" else ENGINE_CALLS)
         super().__init__(self.app)
 
     @property
     def faulted(self) -> list[int]:
         return list(self.app.state.faulted)
+
+    def release(self) -> None:
+        """hold_finish: let the held streams finish."""
+        self.app.state.release.set()

@@ -164,6 +164,49 @@ def test_responses_round_trip_codex_style(proxy: ProxyHandle) -> None:
     assert_extends(r1, r2)
 
 
+def test_responses_namespace_tool_calls_and_agent_messages(proxy: ProxyHandle, engine_url: str) -> None:
+    """Codex's multi_agent_v2 declares spawn_agent/wait_agent in a `namespace` tool and dispatches a call by
+    (namespace, name): both stream events of the call's item carry the namespace. The subagent's task and its report
+    come back as `agent_message` items (header part + payload part) that the model must read."""
+    spawn = '<tool_call>\n{"name": "spawn_agent", "arguments": {"message": "Read calc.py."}}\n</tool_call>'
+    session = proxy.session(**forced(spawn))
+    params = {"type": "object", "properties": {"message": {"type": "string"}}}
+    tools = [
+        {"type": "function", "name": "bash", "parameters": TOOLS[0]["function"]["parameters"]},
+        {"type": "namespace", "name": "collaboration", "description": "sub-agents",
+         "tools": [{"type": "function", "name": "spawn_agent", "parameters": params}]},
+    ]  # fmt: skip
+    inputs: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "delegate"}]
+    body = {"model": "local-model", "input": inputs, "tools": tools, "stream": True, "store": False}
+    headers = {"authorization": f"Bearer {session['api_key']}"}
+    with httpx.stream("POST", f"{proxy.url}/v1/responses", json=body, headers=headers, timeout=60) as resp:
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    items = [e["item"] for e in events if e["type"] in ("response.output_item.added", "response.output_item.done")]
+    assert [(i["type"], i["name"], i.get("namespace")) for i in items] == [
+        ("function_call", "spawn_agent", "collaboration")
+    ] * 2
+    call = items[-1]
+
+    report = [
+        {"type": "input_text", "text": "Message Type: FINAL_ANSWER\nSender: /root/read_calc\nPayload:\n"},
+        {"type": "encrypted_content", "encrypted_content": "add returns a - b."},
+    ]
+    inputs += [
+        call,
+        {"type": "function_call_output", "call_id": call["call_id"], "output": '{"task_name": "/root/read_calc"}'},
+        {"type": "agent_message", "author": "/root/read_calc", "recipient": "/root", "content": report},
+    ]
+    resp = httpx.post(f"{proxy.url}/v1/responses", json={**body, "stream": False}, headers=headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    first, second = proxy.records(session["session_id"])
+    tail = assert_extends(first, second)
+    text = httpx.post(f"{engine_url}/detokenize", json={"model": "tiny-qwen3", "tokens": tail}, timeout=30)
+    assert (
+        "<|im_start|>user\nMessage Type: FINAL_ANSWER\nSender: /root/read_calc\nPayload:\nadd returns a - b."
+        in (text.json()["prompt"])
+    )
+
+
 def test_anthropic_round_trip_claude_style(proxy: ProxyHandle) -> None:
     session = proxy.session(**forced(FORCED))
     client = anthropic.Anthropic(base_url=proxy.url, api_key=session["api_key"], max_retries=0)

@@ -247,6 +247,23 @@ def test_workspace_has_no_other_commits(tmp_path: Path) -> None:
     assert len(log.splitlines()) == 1 and "fix" not in log
 
 
+def test_host_relay_listens_before_the_sandbox_starts(tmp_path: Path) -> None:
+    """The relay is handed out only once its socket is bound: a sandbox started right after it reaches the proxy
+    (before, a sandbox that started while socat was still starting failed its proxy check under load)."""
+    from nemo_polar.sandbox import RuntimeUnavailable
+    from nemo_polar.sandbox.hostside import HostRelay
+
+    for _ in range(5):
+        relay = HostRelay(tmp_path, "http://127.0.0.1:1")
+        try:
+            assert relay.socket.is_socket() and relay.proc.poll() is None
+        finally:
+            relay.close()
+        relay.socket.unlink(missing_ok=True)  # socat removes it on a clean exit
+    with pytest.raises(RuntimeUnavailable, match="did not listen"):
+        HostRelay(tmp_path / "missing", "http://127.0.0.1:1", timeout_s=5)
+
+
 def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     from nemo_polar.engine.launcher import free_port
     from nemo_polar.sandbox.base import PROXY_UNREACHABLE

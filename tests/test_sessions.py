@@ -7,6 +7,7 @@ import gc
 import json
 import time
 import weakref
+from pathlib import Path
 
 import httpx
 import openai
@@ -98,6 +99,54 @@ def test_script_constrains_calls_in_order_then_samples_freely() -> None:
     assert second["structured_outputs"] == {"regex": "done"}
     assert after == {"seed_hint": 1} and "structured_outputs" not in after
     assert first["seed_hint"] == 1
+
+
+def test_answered_calls_count_calls_whose_tool_calls_were_streamed() -> None:
+    from nemo_polar.proxy.records import CallRecord
+    from nemo_polar.proxy.sessions import SessionConfig, SessionStore
+
+    session = SessionStore(None).create(SessionConfig(script=["a", "b", "c"]))
+    for call_id in ("c1", "c2"):
+        session.delivering.add(call_id)  # its tool calls reached the harness; the call is still running
+    assert session.answered_calls() == 2
+    failed = CallRecord(call_id="c1", session_id=session.id, api="chat", mode="chat", request=None, started_at=0)
+    session.commit(failed.mark_failed("engine stream truncated", 502), None, None, [])
+    assert session.answered_calls() == 1  # a failed call gives its entry back, as before it was counted
+    assert session.config.engine_extra(session.answered_calls())["structured_outputs"] == {"regex": "b"}
+
+
+def test_a_call_sent_on_a_streamed_tool_call_gets_the_next_script_entry(engine_url: str, tmp_path: Path) -> None:
+    """Codex starts its auto-reviewer (and a subagent) on a finished tool-call item, before the call that produced it
+    completes. The reviewer's request takes the script entry after that call's, not the same one, and is not the
+    session's first call: here the engine holds the first call's finishing event until the second is answered."""
+    from tests.conftest import make_proxy
+    from tests.faults import FaultPoint
+
+    tool = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {
+        "command": {"type": "string"}}}}}]  # fmt: skip
+    with FaultPoint(engine_url, "hold_finish", [0]) as point:
+        for handle in make_proxy(point.url, tmp_path / "records"):
+            session = handle.session(script=[tool, "reviewed", "done"], sampling_overrides={"max_tokens": 60})
+            client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key=session["api_key"], max_retries=0, timeout=60)
+            stream = client.chat.completions.create(
+                model="local-model", messages=[{"role": "user", "content": "list"}], tools=tools, stream=True
+            )
+            chunks = iter(stream)
+            while not next(chunks).choices[0].delta.tool_calls:
+                pass
+            review = client.chat.completions.create(
+                model="local-model", messages=[{"role": "user", "content": "review the call"}]
+            )
+            assert review.choices[0].message.content == "reviewed"
+            assert point.faulted == [0]  # the first call was still unfinished when the review was answered
+            point.release()
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+            records = handle.records(session["session_id"])
+            assert [r["complete"] for r in records] == [True, True]
+            assert [r["output_text"] for r in records] == ["reviewed", tool]  # in the order they completed
+            # and the review, sent after the first call had answered, is not the session's first call
+            assert [r["render_reason"] for r in records] == ["new_conversation", "first_call"]
 
 
 def _gauges(proxy: ProxyHandle) -> dict[str, float]:

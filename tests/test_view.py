@@ -353,3 +353,20 @@ def test_chain_tree_nests_chains_under_the_call_they_started_after(tmp_path: Pat
     page = Elements(render_report([path]))
     items = [e for e in page.elements if e["tag"] == "li" and "data-trace" in e]
     assert [e["data-trace"] for e in items] == [main.trace.trace_id, *(c.trace.trace_id for c in main.children)]
+
+
+@pytest.mark.engine
+def test_readme_screenshot_session_has_a_subagent_and_a_compaction(engine_url: str, tmp_path: Path) -> None:
+    """``make view-screenshot`` reproduces the README's picture: the real Claude Code session of
+    examples/tasks/view_demo has exactly the chains its file expects (a subagent and a compaction among them; the
+    script exits otherwise), and the page shows each of them in the chain tree."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "view_screenshot.py"))
+    out = tmp_path / "view.png"
+    assert script["main"](["--engine-url", engine_url, "--out", str(out), "--work-dir", str(tmp_path)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 50_000
+    html = (tmp_path / "report.html").read_text()
+    for role in ("main", "subagent", "compaction"):
+        assert f"· {role}</a>" in html
+    assert str(tmp_path) not in html  # short relative names only

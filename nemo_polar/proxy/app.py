@@ -255,6 +255,8 @@ class Proxy:
                     yield emitter.keepalive()
                     continue
                 self.metrics.first_event(record)
+                if isinstance(ev, ToolCall):
+                    session.delivering.add(record.call_id)
                 for frame in _emit(emitter, ev):
                     yield frame
             _complete(record, gen)

@@ -57,6 +57,9 @@ class Tool(BaseModel):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     kind: Literal["function", "custom"] = "function"
+    namespace: str | None = Field(
+        default=None, description="the Responses `namespace` group it was declared in; its calls name it"
+    )
 
     def to_template(self) -> dict[str, Any]:
         return {

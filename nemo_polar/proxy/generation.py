@@ -74,7 +74,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
         return Plan(
             "/v1/completions",
-            {**body, **session.config.engine_extra(len(session.calls))},
+            {**body, **session.config.engine_extra(session.answered_calls())},
             sampling,
             parent,
             reason,
@@ -105,7 +105,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
     render_reason = f"engine_render:{reason}"
     return Plan(
         "/v1/chat/completions",
-        {**body, **session.config.engine_extra(len(session.calls))},
+        {**body, **session.config.engine_extra(session.answered_calls())},
         sampling,
         parent,
         render_reason,

@@ -37,8 +37,9 @@ class SessionConfig(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every engine request")
     script: list[str] = Field(
         default_factory=list,
-        description="scripted policy: the n-th completed call is constrained (vLLM structured outputs) to produce "
-        "exactly script[n]; later calls sample freely. The engine still samples the ids and their logprobs.",
+        description="scripted policy: the n-th call is constrained (vLLM structured outputs) to produce exactly "
+        "script[n], n counting completed calls and those whose tool calls were already streamed "
+        "(Session.answered_calls); later calls sample freely. The engine still samples the ids and their logprobs.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -50,11 +51,11 @@ class SessionConfig(BaseModel):
             raise ValueError(f"max_tokens must be at least 1, got {pinned.max_tokens}")
         return pinned
 
-    def engine_extra(self, completed_calls: int) -> dict[str, Any]:
+    def engine_extra(self, position: int) -> dict[str, Any]:
         """What is merged into the engine request of the session's next call."""
-        if completed_calls >= len(self.script):
+        if position >= len(self.script):
             return self.extra_body
-        return {**self.extra_body, "structured_outputs": {"regex": re.escape(self.script[completed_calls])}}
+        return {**self.extra_body, "structured_outputs": {"regex": re.escape(self.script[position])}}
 
 
 class SessionCreated(BaseModel):
@@ -83,6 +84,15 @@ class Session:
     calls: dict[str, CallState] = field(default_factory=dict)
     echo_index: dict[str, str] = field(default_factory=dict)  # emitted id -> call_id
     text_index: dict[str, str] = field(default_factory=dict)  # text-only reply -> call_id
+    # In-flight calls whose tool calls the harness already has: it may act on them (Codex starts its reviewer on a
+    # finished tool-call item) before the call completes and commits.
+    delivering: set[str] = field(default_factory=set)
+
+    def answered_calls(self) -> int:
+        """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A
+        request the harness sends in reaction to one of those comes after it: the next script entry, and not the
+        session's first call."""
+        return len(self.calls) + len(self.delivering)
 
     def restore(self, conv: Conversation) -> None:
         """Replace echoed assistant turns the proxy produced by the exact recorded output."""
@@ -102,7 +112,7 @@ class Session:
         """The call this request extends, or ``None`` and why the prompt must be rendered afresh."""
         last = max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=None)
         if last is None:
-            return None, "first_call" if not self.calls else "new_conversation"
+            return None, "first_call" if not self.answered_calls() else "new_conversation"
         source = conv.messages[last].source_call_id
         if source is None:
             return None, "assistant_turn_not_from_proxy"
@@ -119,6 +129,7 @@ class Session:
         self, record: CallRecord, conv: Conversation | None, output: Message | None, echo_ids: list[str]
     ) -> None:
         self.records.append(record)
+        self.delivering.discard(record.call_id)
         if not record.complete or conv is None or output is None:
             return
         self.calls[record.call_id] = CallState(record, fingerprint(conv.messages, conv.tools), output)

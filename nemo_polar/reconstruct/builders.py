@@ -44,7 +44,7 @@ the session continued is kept in the chain, every other one is a trace of its ow
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -277,8 +277,9 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
         size[rec.call_id] = 1 + sum(size[c] for c in children[rec.call_id])
 
     roots = [r for r in agent if parent[r.call_id] is None]
-    for retried in _root_retries(roots, size):  # a resent first request: the same chain, not a new one
-        split[retried.call_id] = "retry"
+    kept_for = _root_retries(roots, size)
+    for retried in kept_for:  # a resent first request: the same chain, not a new one
+        split[retried] = "retry"
     main_root = next((r.call_id for r in roots if split.get(r.call_id) != "retry"), None)
     summaries = {r.call_id: r for r in agent if _summary_text(r)}
     for rec in roots:
@@ -298,7 +299,7 @@ def prefix_merging(records: Iterable[CallRecord], cfg: BuilderConfig | None = No
         reason = split.get(rec.call_id) or _root_reason(rec)
         chain = origin[rec.call_id]
         if reason == "retry":
-            chain = origin[rec.call_id] = origin[_root_retried(rec, roots, size).call_id]
+            chain = origin[rec.call_id] = origin[kept_for[rec.call_id]]
         role: Role = "main" if chain == main_root else _root_role(by_id[chain])
         if reason == "compaction":
             role = "compaction"
@@ -323,15 +324,17 @@ def _child_towards(node: str, ancestor: str, parent: dict[str, str | None]) -> s
     return None
 
 
-def _root_retries(roots: list[CallRecord], size: dict[str, int]) -> list[CallRecord]:
-    """Roots given the same prompt as another root that the session continued further (or that came later)."""
-    return [r for r in roots if _root_retried(r, roots, size) is not r]
-
-
-def _root_retried(rec: CallRecord, roots: list[CallRecord], size: dict[str, int]) -> CallRecord:
-    """The root that stands for ``rec``'s group of identical first requests: the one continued furthest."""
-    same = [r for r in roots if r.prompt_token_ids == rec.prompt_token_ids]
-    return max(same, key=lambda r: (size[r.call_id], r.started_at))
+def _root_retries(roots: list[CallRecord], size: dict[str, int]) -> dict[str, str]:
+    """Roots given the same prompt as another root, each mapped to the one that stands for the group: the root the
+    session continued furthest (the latest of those)."""
+    groups: defaultdict[tuple[int, ...], list[CallRecord]] = defaultdict(list)
+    for rec in roots:
+        groups[tuple(rec.prompt_token_ids)].append(rec)
+    kept_for: dict[str, str] = {}
+    for same in groups.values():
+        kept = max(same, key=lambda r: (size[r.call_id], r.started_at))
+        kept_for.update({r.call_id: kept.call_id for r in same if r is not kept})
+    return kept_for
 
 
 def _summary_text(rec: CallRecord) -> str | None:

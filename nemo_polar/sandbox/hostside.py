@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -55,7 +56,7 @@ def base_env(home: str, proxy: bool = True) -> dict[str, str]:
 class HostRelay:
     """Host side of the proxy route: ``run_dir/proxy.sock`` forwarded to the proxy's TCP port."""
 
-    def __init__(self, run_dir: Path, proxy_url: str) -> None:
+    def __init__(self, run_dir: Path, proxy_url: str, timeout_s: float = 10.0) -> None:
         url = urlsplit(proxy_url)
         self.socket = run_dir / "proxy.sock"
         self.proc = subprocess.Popen(
@@ -64,6 +65,17 @@ class HostRelay:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self._wait_listening(timeout_s)
+
+    def _wait_listening(self, timeout_s: float) -> None:
+        # Popen returns before socat has bound the socket; a sandbox started in that gap finds no route to the
+        # proxy and fails its check (seen under load), so the relay is not handed out until it listens.
+        deadline = time.monotonic() + timeout_s
+        while not self.socket.is_socket():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeUnavailable(f"the proxy relay (socat) did not listen on {self.socket}")
+            time.sleep(0.005)
 
     def close(self) -> None:
         kill_group(self.proc, grace=1.0)
@@ -82,7 +94,13 @@ class RunDir:
         self.link = Path(tempfile.gettempdir()) / f"polar-{uuid.uuid4().hex[:12]}"
         self.link.symlink_to(spec.run_dir.resolve(), target_is_directory=True)
         self.audit = EgressAudit(self.link)
-        self.relay = HostRelay(self.link, spec.proxy_url) if spec.proxy_url else None
+        self.relay: HostRelay | None = None
+        if spec.proxy_url:
+            try:
+                self.relay = HostRelay(self.link, spec.proxy_url)
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
         if self.relay:

@@ -76,6 +76,8 @@ def parse(body: Any) -> Conversation:
             if role is None:
                 raise bad_request(f"{where}.role must be one of {sorted(_ROLE)}", param=f"{where}.role")
             messages.append(Message(role=role, content=_text(item.get("content"), where)))
+        elif kind == "agent_message":  # Codex multi-agent: a task to a subagent, or a subagent's report back
+            messages.append(Message(role="user", content=_agent_message_text(item.get("content"), where)))
         elif kind in _OUTPUT_ITEMS:
             output = item.get("output")
             messages.append(
@@ -108,6 +110,22 @@ def _text(content: Any, where: str) -> str:
         raise bad_request(f"{where}.content: {exc}", param=where) from None
 
 
+def _agent_message_text(content: Any, where: str) -> str:
+    """The header Codex writes (sender, recipient, "Payload:") followed by the payload. Codex puts the payload,
+    which the model wrote as a tool argument, in an ``encrypted_content`` part; the proxy served that argument in
+    plain text, so it comes back in plain text and is shown as written."""
+    if not isinstance(content, list):
+        return _text(content, where)
+    texts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise bad_request(f"{where}.content.{k} must be an object", param=f"{where}.content.{k}")
+        text = part.get("encrypted_content") if part.get("type") == "encrypted_content" else part.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+    return "".join(texts)
+
+
 def _add_to_turn(turn: Message, item: dict[str, Any], kind: str, where: str) -> None:
     if item.get("id"):
         turn.echo_ids.append(str(item["id"]))
@@ -132,12 +150,16 @@ def _add_to_turn(turn: Message, item: dict[str, Any], kind: str, where: str) -> 
             turn.tool_calls.append(ToolCall(id=call_id, name=name, arguments=arguments, kind="custom"))
 
 
-def _tools(raw: Any, where: str, ignored: list[str]) -> list[Tool]:
+def _tools(raw: Any, where: str, ignored: list[str], namespace: str | None = None) -> list[Tool]:
     if not isinstance(raw, dict):
         raise bad_request(f"{where} must be an object", param=where)
     kind = raw.get("type")
-    if kind == "namespace":  # a group of tools; the model sees its members as plain functions
-        return [t for k, sub in enumerate(raw.get("tools") or []) for t in _tools(sub, f"{where}.tools.{k}", ignored)]
+    if kind == "namespace":  # a group of tools: the model sees its members as plain functions, their calls name it
+        group = raw.get("name")
+        if not isinstance(group, str) or not group:
+            raise bad_request(f"{where}.name is required", param=where)
+        members = raw.get("tools") or []
+        return [t for k, sub in enumerate(members) for t in _tools(sub, f"{where}.tools.{k}", ignored, group)]
     if kind not in ("function", "custom"):
         ignored.append(f"tool type {kind!r}")
         return []
@@ -145,15 +167,13 @@ def _tools(raw: Any, where: str, ignored: list[str]) -> list[Tool]:
     if not isinstance(name, str):
         raise bad_request(f"{where}.name is required", param=where)
     if kind == "custom":
-        return [
-            Tool(
-                name=name, description=raw.get("description") or "", parameters=custom_tool_parameters(), kind="custom"
-            )
-        ]
-    params = raw.get("parameters") or {"type": "object", "properties": {}}
+        params, tool_kind = custom_tool_parameters(), "custom"
+    else:
+        params, tool_kind = raw.get("parameters") or {"type": "object", "properties": {}}, "function"
     if not isinstance(params, dict):
         raise bad_request(f"{where}.parameters must be a JSON schema object", param=where)
-    return [Tool(name=name, description=raw.get("description") or "", parameters=params)]
+    description = raw.get("description") or ""
+    return [Tool(name=name, description=description, parameters=params, kind=tool_kind, namespace=namespace)]
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str:
@@ -362,6 +382,9 @@ class ResponsesStream(StreamEmitter):
                 "arguments": "",
                 "status": "in_progress",
             }
+            tool = self.conv.tool(call.name)
+            if tool is not None and tool.namespace:  # a client dispatches a namespaced tool by (namespace, name)
+                item["namespace"] = tool.namespace
             frames.append(self._event("response.output_item.added", output_index=idx, item=item))
             frames.append(
                 self._event(
