@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from nemo_polar.env.harness import HARNESSES, get_harness
-from nemo_polar.env.patterns import SCENARIOS, PatternTask, load_patterns
+from nemo_polar.env.patterns import SCENARIOS, Expect, PatternTask, load_patterns
 from nemo_polar.env.session import run_session
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.builders import prefix_merging
@@ -107,13 +107,7 @@ def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: Path, t
     if out := os.environ.get("POLAR_PATTERNS_OUT"):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{case.id}.json").write_text(row.model_dump_json(indent=1))
-    got = {
-        "calls": row.calls,
-        "failed_calls": row.failed_calls,
-        "chains": row.chains,
-        "breaks": row.breaks,
-        "render_reasons": row.render_reasons,
-    }
+    got = Expect.observed(row).model_dump()
     assert got == expect.model_dump(), [(r.call_id, r.render_reason, (r.output_text or "")[:80]) for r in records]
 
     # Nothing lost, every context proven; a call the proxy linked to its parent was continued, not re-rendered.

@@ -51,6 +51,11 @@ class Expect(BaseModel):
     breaks: dict[str, int] = Field(default_factory=dict, description="break reasons, as prefix_merging counts them")
     render_reasons: dict[str, int] = Field(description="how the proxy rendered each call's prompt")
 
+    @classmethod
+    def observed(cls, row: PatternRow) -> Expect:
+        """What a session's summary line shows, in the form a scenario file expects it."""
+        return cls.model_validate(row.model_dump(include=set(cls.model_fields)))
+
 
 class PatternTask(BaseModel):
     scenario: str

@@ -11,6 +11,8 @@ from pydantic import BaseModel, Field
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.trace import Trace
 
+FAILURE_KINDS = ("sampled_mismatch", "context_mismatch", "missing_records", "uncovered", "duplicated")
+
 
 class AuditReport(BaseModel):
     traces: int = 0
@@ -24,11 +26,17 @@ class AuditReport(BaseModel):
     tokens_lost: int = Field(default=0, description="sampled ids of the uncovered calls")
     break_reasons: dict[str, int] = Field(default_factory=dict)
 
+    def failures(self) -> dict[str, list[str]]:
+        """Each call id the audit names, with the checks it failed (in FAILURE_KINDS order)."""
+        named: dict[str, list[str]] = {}
+        for kind in FAILURE_KINDS:
+            for call_id in getattr(self, kind):
+                named.setdefault(call_id, []).append(kind)
+        return named
+
     @property
     def ok(self) -> bool:
-        return not (
-            self.sampled_mismatch or self.context_mismatch or self.missing_records or self.uncovered or self.duplicated
-        )
+        return not self.failures()
 
 
 def audit(traces: list[Trace], records: list[CallRecord]) -> AuditReport:

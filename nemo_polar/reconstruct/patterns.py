@@ -41,13 +41,6 @@ def render_reasons(records: Iterable[CallRecord]) -> dict[str, int]:
 def summarize(scenario: str, harness: str, records: Sequence[CallRecord], version: str = "") -> PatternRow:
     built = prefix_merging(records)
     report = audit(built.traces, list(records))
-    failures = [
-        *report.sampled_mismatch,
-        *report.context_mismatch,
-        *report.missing_records,
-        *report.uncovered,
-        *report.duplicated,
-    ]
     return PatternRow(
         scenario=scenario,
         harness=harness,
@@ -59,7 +52,7 @@ def summarize(scenario: str, harness: str, records: Sequence[CallRecord], versio
         render_reasons=render_reasons(records),
         tokens_lost=report.tokens_lost,
         audit_ok=report.ok,
-        audit_failures=failures,
+        audit_failures=list(report.failures()),
     )
 
 

@@ -401,14 +401,6 @@ class SessionView:
         return out
 
 
-def _audit_failures(report: AuditReport) -> dict[str, list[str]]:
-    bad: dict[str, list[str]] = {}
-    for kind in ("sampled_mismatch", "context_mismatch", "missing_records"):
-        for call_id in getattr(report, kind):
-            bad.setdefault(call_id, []).append(kind)
-    return bad
-
-
 def _context_run(ids: Sequence[int], label: str, decoder: Decoder, limit: int) -> Run:
     """Long context is elided in the middle: its start and its end (the latest turn) are what a reader needs."""
     n = len(ids)
@@ -462,7 +454,7 @@ def session_view(e: _Entry, decoder: Decoder, max_tokens: int, index: int) -> Se
         traces, traces_from = prefix_merging(records).traces, "prefix_merging"
     if records:
         audit_report = audit(traces, records)
-    bad = _audit_failures(audit_report) if audit_report else {}
+    bad = audit_report.failures() if audit_report else {}
     views = [trace_view(t, decoder, bad, max_tokens) for t in traces]
     where = {c: i for i, t in enumerate(traces) for c in t.call_ids}
     calls = [
