@@ -12,7 +12,7 @@ ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import eng
 
 .PHONY: setup venv engine models system harnesses task-env test lint demo bench patterns clean
 
-setup: venv engine models system harnesses task-env docker gym
+setup: venv engine models system harnesses task-env docker gym swebench5
 
 venv: $(VENV)/.installed
 
@@ -36,6 +36,12 @@ system:
 .PHONY: docker
 docker:
 	bash scripts/setup_docker.sh
+
+# The SWE-bench 5 task repo of real projects' bugs (examples/tasks/swebench5): their instance images, built locally
+# from the release sdists (downloads cached under $(POLAR_CACHE)/swebench5; images skipped when up to date).
+.PHONY: swebench5
+swebench5: docker
+	bash scripts/build_swebench5_images.sh
 
 # The coding CLIs at their pinned versions, installed once into $(POLAR_CACHE)/harnesses (mounted read-only).
 harnesses: venv

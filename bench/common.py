@@ -53,15 +53,16 @@ def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[Prox
         "local-model",
         "--admin-port",
         str(admin_port),
-        "--admin-token",
-        token,
     ]
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    log = records / "proxy.log"
+    with log.open("wb") as out:  # the token by environment: argv is readable by every local user
+        env = {**os.environ, "POLAR_ADMIN_TOKEN": token}
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT, env=env)
     if cpu is not None:
         cpu["proxy_pid"] = proc.pid
     client = ProxyClient(url=f"http://127.0.0.1:{port}", admin_url=f"http://127.0.0.1:{admin_port}", admin_token=token)
     try:
-        wait_healthy(client.url, 60, proc)
+        wait_healthy(client.url, 60, proc, log, name="polar proxy")
         start = cpu_seconds(proc.pid)
         yield client
         if cpu is not None:

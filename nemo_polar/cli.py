@@ -47,7 +47,7 @@ def _proxy(args: argparse.Namespace) -> int:
         "default_mode": args.mode,
         "record_dir": args.record_dir,
         "model_aliases": args.model_alias,
-        "admin_token": args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN"),
+        "admin_token": args.admin_token or _token_file(args.admin_token_file) or os.environ.get("POLAR_ADMIN_TOKEN"),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "engine_url" not in values:
@@ -65,6 +65,18 @@ def _proxy(args: argparse.Namespace) -> int:
             print(f"admin token {server.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
         stop.wait()
     return 0
+
+
+def _token_file(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"polar proxy: cannot read --admin-token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise SystemExit(f"polar proxy: --admin-token-file {path} is empty")
+    return token
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
@@ -200,6 +212,7 @@ def _grade(args: argparse.Namespace) -> int:
 
     from nemo_polar.rewards.grader import Prediction, grade_many
     from nemo_polar.rewards.instance import select_instances
+    from nemo_polar.sandbox import RuntimeUnavailable
 
     try:
         instances = select_instances(args.instances)
@@ -216,7 +229,12 @@ def _grade(args: argparse.Namespace) -> int:
     unknown = [p.instance_id for p in preds if p.instance_id not in by_id]
     if unknown:
         raise SystemExit(f"polar grade: predictions for unknown instances: {', '.join(unknown[:10])}")
-    results = grade_many([(by_id[p.instance_id], p.model_patch) for p in preds], runtime=args.runtime)
+    log_dir = args.output.parent / f"{args.output.stem}.logs"  # every graded instance's evaluation log, kept
+    pairs = [(by_id[p.instance_id], p.model_patch) for p in preds]
+    try:
+        results = grade_many(pairs, runtime=args.runtime, log_dir=log_dir)
+    except RuntimeUnavailable as exc:  # no daemon, no skopeo, an image that is nowhere: say so, no traceback
+        raise SystemExit(f"polar grade: {exc}") from None
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
@@ -318,8 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--model-alias", action="append", help="extra model name to accept (repeatable)")
     proxy.add_argument("--api-key", help="pre-create one session with this API key")
     proxy.add_argument(
-        "--admin-token", help="bearer token of the admin API (default: $POLAR_ADMIN_TOKEN, else a random one)"
+        "--admin-token",
+        help="bearer token of the admin API (default: --admin-token-file, else $POLAR_ADMIN_TOKEN, else a random "
+        "one). Prefer the file or the variable: every local user can read a process's argv; a token that starts "
+        "with '-' needs --admin-token=VALUE here",
     )
+    proxy.add_argument("--admin-token-file", type=Path, help="a file holding the admin token (keep it mode 0600)")
     proxy.add_argument("--log-level", default="warning")
     proxy.set_defaults(func=_proxy)
     pat = sub.add_parser(
@@ -417,7 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     grade.add_argument("--predictions", type=Path, required=True, help="{instance_id, model_patch} rows (JSONL/JSON)")
     grade.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
-    grade.add_argument("-o", "--output", type=Path, required=True, help="the report (JSON)")
+    grade.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="the report (JSON); each evaluation log is kept in OUTPUT_STEM.logs/ beside it",
+    )
     grade.set_defaults(func=_grade)
 
     view = sub.add_parser(

@@ -90,3 +90,52 @@ def test_an_idle_keep_alive_connection_outlasts_the_clients_own_expiry() -> None
         conn.request("GET", "/health")  # http.client reconnects silently if the server closed: check the socket
         assert conn.getresponse().status == 200 and conn.sock is sock
         conn.close()
+
+
+def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> None:
+    """A token that starts with '-' works on every path; by environment or file it never appears in argv."""
+    import os
+
+    token = "-starts-with-a-dash"
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    ways: dict[str, tuple[list[str], dict[str, str]]] = {
+        "environment": ([], {"POLAR_ADMIN_TOKEN": token}),
+        "file": (["--admin-token-file", str(token_file)], {}),
+        "argv": ([f"--admin-token={token}"], {}),
+    }
+    for way, (flags, env) in ways.items():
+        port, admin_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "nemo_polar.cli", "proxy", "--engine-url", "http://127.0.0.1:9"]
+        cmd += ["--port", str(port), "--admin-port", str(admin_port), "--record-dir", str(tmp_path / way), *flags]
+        base_env = {k: v for k, v in os.environ.items() if k != "POLAR_ADMIN_TOKEN"}
+        proc = subprocess.Popen(cmd, start_new_session=True, env={**base_env, **env}, stdout=subprocess.DEVNULL)
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", 60, proc, name="polar proxy")
+            admin = f"http://127.0.0.1:{admin_port}/health"
+            assert httpx.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).status_code == 200, way
+            assert httpx.get(admin, headers={"authorization": "Bearer other"}, timeout=10).status_code == 401, way
+            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+            assert (token in argv) == (way == "argv"), way
+        finally:
+            stop_group(proc.pid, 10)
+            proc.wait()
+
+
+def test_unreadable_admin_token_file_is_a_clear_error(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "nemo_polar.cli", "proxy", "--engine-url", "http://127.0.0.1:9"]
+    out = subprocess.run([*cmd, "--admin-token-file", str(tmp_path / "missing")], capture_output=True, text=True)
+    assert out.returncode != 0 and "cannot read --admin-token-file" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_wait_healthy_names_the_process_it_waited_on(tmp_path: Path) -> None:
+    import pytest
+
+    log = tmp_path / "out.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "print('refused my argv'); raise SystemExit(2)"], stdout=out)
+    proc.wait()
+    with pytest.raises(RuntimeError, match=r"(?s)polar proxy exited with code 2.*refused my argv"):
+        wait_healthy(f"http://127.0.0.1:{free_port()}", 10, proc, log, name="polar proxy")

@@ -174,9 +174,18 @@ def test_sandbox_isolation(proxy: ProxyHandle, tmp_path: Path) -> None:
     assert "200 OK" in out
 
 
-def test_hang_times_out_and_kills_the_group(proxy: ProxyHandle, tmp_path: Path) -> None:
-    """A CLI that never finishes (here: the script's first turn is fine, then the harness is given no time)."""
-    result = run(proxy, "pi", tmp_path, timeout=2)
+def test_hang_times_out_and_kills_the_group(engine_url: str, tmp_path: Path) -> None:
+    """A CLI that never finishes: the engine holds the end of its first model call until the test lets it go, so
+    the CLI is hung whatever the machine's load, and only the wall-clock budget can end it."""
+    from tests.conftest import make_proxy
+    from tests.faults import FaultPoint
+
+    with FaultPoint(engine_url, "hold_finish", [0]) as point:
+        for handle in make_proxy(point.url, tmp_path / "records"):
+            try:
+                result = run(handle, "pi", tmp_path, timeout=15)
+            finally:
+                point.release()
     assert result.status == "timeout"
     assert result.exit_code is None
     assert "killed" in (result.error or "")

@@ -38,7 +38,7 @@ def _patched_files(patch: str) -> list[str]:
 
 def _diff_after(inst: SWEInstance, tmp: Path, edit: dict[str, str | bytes]) -> str:
     """A patch against the base, as an agent would leave it: files replaced by the given contents."""
-    ws = prepare_workspace(inst.task(), tmp / "agent")
+    ws = prepare_workspace(inst.task("bwrap"), tmp / "agent")
     for rel, content in edit.items():
         (ws / rel).parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):
@@ -355,7 +355,7 @@ def test_missing_python_env_is_an_error_not_a_reward(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("inst", INSTANCES, ids=IDS)
 def test_agent_workspace_holds_no_fix_tests_or_history(inst: SWEInstance, tmp_path: Path) -> None:
-    ws = prepare_workspace(inst.task(), tmp_path / "ws")
+    ws = prepare_workspace(inst.task("bwrap"), tmp_path / "ws")
     log = subprocess.run(["git", "log", "--all", "--format=%H"], cwd=ws, capture_output=True, text=True).stdout
     assert len(log.split()) == 1  # the base only: no future commits, no gold commit
     text = "\n".join(p.read_text(errors="replace") for p in ws.rglob("*") if p.is_file() and ".git" not in p.parts)

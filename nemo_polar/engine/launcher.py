@@ -152,20 +152,25 @@ class EngineProcess:
 
 
 def wait_healthy(
-    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+    url: str,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None,
+    log: Path | None = None,
+    name: str = "vLLM",
 ) -> None:
+    """Wait for ``url``/health; ``name`` is the process waited on and ``log`` its output, shown if it exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise RuntimeError(f"vLLM exited with code {proc.returncode} before becoming healthy:\n{tail}")
+            tail = log.read_text(errors="replace")[-3000:] if log else "(no log)"
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before becoming healthy:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"vLLM at {url} not healthy after {timeout:.0f} s (log: {log})")
+    raise TimeoutError(f"{name} at {url} not healthy after {timeout:.0f} s (log: {log})")
 
 
 def stop_group(pid: int, timeout: float = 30.0) -> None:

@@ -29,7 +29,6 @@ from nemo_polar.reconstruct.io import write_traces
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.grader import Evaluator, GradeResult
 from nemo_polar.rewards.instance import SWEInstance
-from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.workspace import prepare_workspace
 
 
@@ -59,18 +58,10 @@ class Episode(BaseModel):
         return self.verdict.reward if self.verdict.trainable else None
 
 
-def task_environment(instance: SWEInstance) -> tuple[dict[str, Path], dict[str, str]]:
-    """Mounts and environment that give the agent's tools the instance's Python (tests runnable in the sandbox)."""
-    if instance.python_env is None:
-        return {}, {}
-    env = {"PATH": f"{instance.python_env}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(instance.python_env)}
-    return {str(instance.python_env): instance.python_env}, env
-
-
 # -- the stages ---------------------------------------------------------------------------------------------------
 def prepare(instance: SWEInstance, attempt: AttemptDir, runtime: str) -> Evaluator:
     """The task workspace, and the grader's fresh sandbox prepared ahead (it prewarms while the agent runs)."""
-    prepare_workspace(instance.task(), attempt.workspace)
+    prepare_workspace(instance.task(runtime), attempt.workspace)
     return Evaluator(instance, runtime, work_dir=attempt.eval).prepare()
 
 
@@ -88,11 +79,12 @@ def run_harness(
 ) -> SessionResult:
     """The CLI in its sandbox on the prepared workspace, with the instance's Python for its tools."""
     script = script_adapter.validate_python(instance.script) if scripted and instance.script else None
-    mounts, env = task_environment(instance)
+    environment = instance.environment()
+    mounts, env = environment.tool_mounts()
     return run_session(
         harness,
-        instance.task(),
-        get_runtime(runtime),
+        environment.task(instance.problem_statement, runtime),
+        environment.runtime(runtime),
         proxy,
         attempt.root,
         script=script,

@@ -1,9 +1,14 @@
 #!/bin/bash
 # Evaluation in a fresh sandbox (grader.py fills in the files). First, with no repository code running: apply the
-# model patch, undo what it did to the test files and the test infrastructure (guard.py), apply the test patch;
-# these messages start with the grader's one-time $POLAR_TAG, and the grader reads them only up to the first that
-# ends this part ("ready" or a failure), so nothing printed later can pass for them. Then the setup command and
-# the tests between SWE-bench's log markers; the exit status is the test command's.
+# model patch as swebench's harness does, undo what it did to the test files and the test infrastructure
+# (guard.py), apply the test patch; these messages start with the grader's one-time $POLAR_TAG, and the grader
+# reads them only up to the first that ends this part ("ready" or a failure), so nothing printed later can pass
+# for them. Then the tests between SWE-bench's log markers, which only this script prints; the exit status is the
+# test command's.
+#  - a row with its own eval script (POLAR_ROW_EVAL): the script's setup part (environment, test files reset,
+#    test patch) and then its test command, in this shell, as swebench runs it (set -uxo pipefail);
+#  - otherwise: the instance's setup command, then its test command on the test files.
+# What runs before the start marker cannot print a marker: every ">>>>>" in its output is defused.
 # Repository code writes to a file, printed afterwards: a process it leaves behind cannot hold this command's
 # output open (docker exec waits for that) and turn a finished run into a timeout.
 exec 2>&1
@@ -12,6 +17,7 @@ cd "$POLAR_WORKSPACE"
 eval_dir=/polar/eval
 
 say() { echo "$POLAR_TAG $*"; }
+defuse() { sed 's/>>>>>/>>>>|/g'; }
 
 captured() {
   local out rc
@@ -22,14 +28,28 @@ captured() {
   return "$rc"
 }
 
+# The guard needs a Python 3 (standard library only); SWE-bench images may have it only in conda.
+py=""
+for candidate in python3 /opt/miniconda3/bin/python3 /opt/miniconda3/envs/testbed/bin/python3; do
+  if command -v "$candidate" >/dev/null 2>&1; then py=$candidate; break; fi
+done
+if [ -z "$py" ]; then echo "no python3 in the evaluation sandbox"; say snapshot_failed; exit 0; fi
+
 state=$(mktemp -d)
-if ! python3 -I "$eval_dir/guard.py" snapshot "$state"; then say snapshot_failed; exit 0; fi
-if ! git apply -v "$eval_dir/model.patch"; then
-  if ! patch --batch --fuzz=5 -p1 -i "$eval_dir/model.patch"; then say model_patch_failed; exit 0; fi
-fi
+if ! "$py" -I "$eval_dir/guard.py" snapshot "$state"; then say snapshot_failed; exit 0; fi
+# swebench's order (run_evaluation.GIT_APPLY_CMDS): each on a pristine tree, then the reverse check.
+applied=""
+first=1
+while IFS= read -r cmd; do
+  if [ -z "$first" ]; then git checkout -- . >/dev/null 2>&1; git clean -fd >/dev/null 2>&1; fi
+  first=""
+  if $cmd "$eval_dir/model.patch"; then applied=1; break; fi
+done <"$eval_dir/apply_cmds.txt"
+if [ -z "$applied" ] && git apply --check --reverse "$eval_dir/model.patch" 2>/dev/null; then applied=1; fi
+if [ -z "$applied" ]; then say model_patch_failed; exit 0; fi
 scope=(--targets "$eval_dir/targets.txt" --test-command "$eval_dir/test.sh")
 if [ "${POLAR_GUARD:-on}" = off ]; then scope=(--tests-only); fi
-python3 -I -S "$eval_dir/guard.py" revert "$state" --tag "$POLAR_TAG" --test-files "$eval_dir/test_files.txt" \
+"$py" -I -S "$eval_dir/guard.py" revert "$state" --tag "$POLAR_TAG" --test-files "$eval_dir/test_files.txt" \
   "${scope[@]}"
 case $? in
   0) ;;
@@ -39,11 +59,33 @@ esac
 if [ -s "$eval_dir/test.patch" ] && ! git apply -v "$eval_dir/test.patch"; then say test_patch_failed; exit 0; fi
 say ready
 
-# Repository code from here on. The setup command's output cannot pass for SWE-bench's markers either.
-if [ -s "$eval_dir/setup.sh" ]; then captured bash "$eval_dir/setup.sh" | sed 's/^>>>>>/ &/'; fi
-echo ">>>>> Start Test Output"
-captured timeout -k 5 "$POLAR_TEST_TIMEOUT" bash "$eval_dir/test.sh"
-rc=$?
+# Repository code from here on.
+if [ -n "${POLAR_ROW_EVAL:-}" ]; then
+  exec 3>&1
+  exec > >(defuse >&3) 2>&1
+  defuser=$!
+  set -x
+  # shellcheck disable=SC1091
+  source "$eval_dir/row_setup.sh" </dev/null
+  set +x
+  exec 1>&3 2>&3
+  wait "$defuser"
+  echo ">>>>> Start Test Output"
+  out=$(mktemp)
+  exec >"$out" 2>&1 </dev/null
+  set -x
+  # shellcheck disable=SC1091
+  source "$eval_dir/test.sh"
+  rc=$?
+  set +x
+  exec 1>&3 2>&3
+  cat "$out"
+else
+  if [ -s "$eval_dir/setup.sh" ]; then captured bash "$eval_dir/setup.sh" | defuse; fi
+  echo ">>>>> Start Test Output"
+  captured timeout -k 5 "$POLAR_TEST_TIMEOUT" bash "$eval_dir/test.sh"
+  rc=$?
+fi
 echo ">>>>> End Test Output"
 echo ">>>>> Test Exit Code: $rc"
 exit "$rc"

@@ -24,8 +24,7 @@ from pydantic import BaseModel, Field
 
 import nemo_polar.rewards.testlog as testlog
 from nemo_polar.rewards.instance import SWEInstance
-from nemo_polar.sandbox import ExecResult, Runtime, SandboxSpec, get_runtime
-from nemo_polar.sandbox.workspace import prepare_workspace
+from nemo_polar.sandbox import ExecResult, Runtime, SandboxSpec
 
 HERE = Path(__file__).parent
 EVAL_FILES = [HERE / "eval.sh", HERE / "guard.py"]
@@ -86,6 +85,14 @@ def _swebench():
     return grading, TestSpec
 
 
+def model_patch_commands() -> list[str]:
+    """How swebench's harness applies a model patch: each command in turn on a pristine tree until one succeeds
+    (``swebench.harness.run_evaluation.GIT_APPLY_CMDS``; eval.sh runs them, then the same reverse check)."""
+    from swebench.harness.run_evaluation import GIT_APPLY_CMDS
+
+    return list(GIT_APPLY_CMDS)
+
+
 def test_targets(instance: SWEInstance) -> list[str]:
     """The test files to run: those of the F2P/P2P ids and of the test patch (SWE-bench runs the latter)."""
     files = [t.split("::")[0] for t in [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]]
@@ -104,7 +111,7 @@ def swebench_report(instance: SWEInstance, model_patch: str, log: Path) -> dict[
         FAIL_TO_PASS=instance.FAIL_TO_PASS,
         PASS_TO_PASS=instance.PASS_TO_PASS,
         log_parser=instance.log_parser,
-        eval_type="pass_and_fail",
+        eval_type=instance.eval_type,
     )
     prediction = {"instance_id": instance.instance_id, "model_name_or_path": "nemo_polar", "model_patch": model_patch}
     return grading.get_eval_report(spec, prediction, str(log), include_tests_status=True)[instance.instance_id]
@@ -120,38 +127,45 @@ class Evaluator:
         runtime: str | Runtime = "bwrap",
         work_dir: Path | None = None,
         guard: bool = True,
+        log_dir: Path | None = None,
     ) -> None:
         """``guard=False`` restores only the test patch's files, as SWE-bench does: for tests that prove a hack
-        the guard stops really works. Never for rewards."""
+        the guard stops really works. Never for rewards. ``log_dir``: where the evaluation log is kept
+        (``<instance_id>.eval.log``); without it the log stays in ``work_dir``, or is gone with the temporary
+        directory (then ``log_path`` is None)."""
+        self.log_dir = log_dir
         self.instance = instance
         self.guard = guard
-        self.runtime = get_runtime(runtime) if isinstance(runtime, str) else runtime
+        self.environment = instance.environment()
+        self.runtime = self.environment.runtime(runtime) if isinstance(runtime, str) else runtime
         self._own_dir = work_dir is None
         base = work_dir or Path(tempfile.mkdtemp(prefix="polar-grade-"))
         self.dir = base / f"{instance.instance_id}-{uuid.uuid4().hex[:8]}"
         self.prepared_s: float | None = None
         self._used = False
+        self._tool_env: dict[str, str] = {}
 
     def prepare(self) -> Evaluator:
         t0 = time.monotonic()
         inst, d = self.instance, self.dir
         eval_dir = d / "eval"
         eval_dir.mkdir(parents=True)
-        prepare_workspace(inst.task(), d / "workspace")
-        (eval_dir / "test.patch").write_text(inst.test_patch)
+        self.environment.grading_workspace(self.runtime.name, d / "workspace")
         (eval_dir / "test_files.txt").write_text("".join(f + "\n" for f in inst.test_files))
         (eval_dir / "targets.txt").write_text("".join(f + "\n" for f in test_targets(inst)))
-        (eval_dir / "setup.sh").write_text(inst.setup_command or "")
-        (eval_dir / "test.sh").write_text(f"{inst.test_command} {shlex.join(test_targets(inst))}\n")
+        (eval_dir / "apply_cmds.txt").write_text("".join(c + "\n" for c in model_patch_commands()))
+        if inst.eval_script is not None:  # the row's own script: it applies the test patch and runs the tests
+            parts = testlog.split_eval_script(inst.eval_script)
+            (eval_dir / "row_setup.sh").write_text(parts.setup)
+            (eval_dir / "test.sh").write_text(parts.tests)
+        else:
+            (eval_dir / "test.patch").write_text(inst.test_patch)
+            (eval_dir / "setup.sh").write_text(inst.setup_command or "")
+            (eval_dir / "test.sh").write_text(f"{inst.test_command} {shlex.join(test_targets(inst))}\n")
         for path in EVAL_FILES:
             shutil.copy(path, eval_dir / path.name)
-        mounts = {EVAL_MOUNT: eval_dir}
-        if inst.python_env is not None:
-            if not (inst.python_env / "bin" / "python").exists():
-                raise FileNotFoundError(
-                    f"python_env {inst.python_env} of {inst.instance_id} does not exist; run make setup"
-                )
-            mounts[str(inst.python_env)] = inst.python_env
+        tool_mounts, self._tool_env = self.environment.tool_mounts()
+        mounts = {EVAL_MOUNT: eval_dir, **tool_mounts}
         (d / "home").mkdir()
         (d / "run").mkdir()
         spec = SandboxSpec(workspace=d / "workspace", home=d / "home", run_dir=d / "run", proxy_url=None, mounts=mounts)
@@ -173,9 +187,9 @@ class Evaluator:
         eval_dir = self.dir / "eval"
         (eval_dir / "model.patch").write_text(model_patch if model_patch.endswith("\n") else model_patch + "\n")
         env = {"POLAR_WORKSPACE": self.runtime.paths.workspace, "POLAR_TEST_TIMEOUT": str(inst.test_timeout_s)}
-        if inst.python_env is not None:
-            env["PATH"] = f"{inst.python_env}/bin:/usr/local/bin:/usr/bin:/bin"
-            env["VIRTUAL_ENV"] = str(inst.python_env)
+        env |= self._tool_env
+        if inst.eval_script is not None:
+            env["POLAR_ROW_EVAL"] = "1"
         # Only eval.sh's first part, before any repository code runs, knows this tag: its messages carry it.
         tag = f"polar-{secrets.token_hex(8)}"
         env |= {"POLAR_TAG": tag, "POLAR_GUARD": "on" if self.guard else "off"}
@@ -191,8 +205,16 @@ class Evaluator:
         result = self._judge_preparation(done, events) or self._judge_tests(model_patch, done, after)
         result.reverted_paths = [e.path for e in events if e.event == "reverted" and e.path is not None]
         result.timings = {"prepare_s": self.prepared_s or 0.0, "eval_s": time.monotonic() - t0}
-        result.log_path = done.stdout
+        result.log_path = self._keep_log(done.stdout)
         return result
+
+    def _keep_log(self, log: Path) -> Path | None:
+        if self.log_dir is None:
+            return None if self._own_dir else log
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        kept = self.log_dir / f"{self.instance.instance_id}.eval.log"
+        shutil.copyfile(log, kept)
+        return kept
 
     def _outcome(self, status: Status, reason: str | None = None, **kw: object) -> GradeResult:
         resolved = status == "resolved"
@@ -212,7 +234,8 @@ class Evaluator:
         if final == "ready":
             return None
         if final == "model_patch_failed":
-            return self._outcome("patch_failed", "the model patch does not apply (git apply, patch --fuzz=5)")
+            tried = ", ".join(model_patch_commands())
+            return self._outcome("patch_failed", f"the model patch does not apply ({tried})")
         if final == "git_tampered":
             return self._outcome("unresolved", f"the model patch writes into .git ({events[-1].path})")
         if final == "guard_failed":  # only the patch can make it fail: not a way out of a 0
@@ -271,9 +294,13 @@ class Evaluator:
 
 
 def grade(
-    instance: SWEInstance, model_patch: str | None, runtime: str = "bwrap", work_dir: Path | None = None
+    instance: SWEInstance,
+    model_patch: str | None,
+    runtime: str = "bwrap",
+    work_dir: Path | None = None,
+    log_dir: Path | None = None,
 ) -> GradeResult:
-    with Evaluator(instance, runtime, work_dir) as evaluator:
+    with Evaluator(instance, runtime, work_dir, log_dir=log_dir) as evaluator:
         return evaluator.grade(model_patch)
 
 
@@ -290,15 +317,16 @@ def grade_many(
     runtime: str = "bwrap",
     work_dir: Path | None = None,
     prewarm: bool = True,
+    log_dir: Path | None = None,
 ) -> list[GradeResult]:
     """Grade in order; with ``prewarm`` the next evaluator's sandbox is prepared while the current one runs."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not prewarm:
-        return [grade(inst, patch, runtime, work_dir) for inst, patch in pairs]
+        return [grade(inst, patch, runtime, work_dir, log_dir) for inst, patch in pairs]
     results: list[GradeResult] = []
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = [Evaluator(inst, runtime, work_dir) for inst, _ in pairs]
+        pending = [Evaluator(inst, runtime, work_dir, log_dir=log_dir) for inst, _ in pairs]
         ready = pool.submit(pending[0].prepare) if pending else None
         for i, (_, patch) in enumerate(pairs):
             assert ready is not None

@@ -1,8 +1,10 @@
-"""SWE-bench / SWE-Gym instances, and where their environment comes from.
+"""SWE-bench / SWE-Gym instances as they are published, and where their environment comes from.
 
-The fields are SWE-bench's own (list fields may also be JSON strings, as in the Hugging Face datasets); the
-environment is either an image (``docker``: the official SWE-bench images where reachable) or a local repository
-plus a Python environment (``bwrap``, and ``docker`` with the project's image).
+The fields are SWE-bench's own (list fields may also be JSON strings, as in the Hugging Face datasets). A SWE-bench
+5 row carries its ``image``, its ``eval_script`` and its ``log_parser``: the image is its environment for the agent
+and for the grader, and the eval script is how it is graded. Rows come as JSONL, parquet, ``save_to_disk``
+directories, SWE-bench 5 task directories (``tasks/<id>/``, read with ``swebench.task.repo``) or the bundled tasks.
+Where the environment comes from is decided in one place: :meth:`SWEInstance.environment`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from unidiff import PatchSet
 
 from nemo_polar.paths import cache_dir
+from nemo_polar.rewards.environment import InstanceEnvironment
+from nemo_polar.rewards.testlog import known_log_parsers, split_eval_script, swebench_version
 from nemo_polar.sandbox.workspace import Task
 
 DEFAULT_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"
@@ -38,10 +42,13 @@ class SWEInstance(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     version: str = ""
     environment_setup_commit: str | None = None
-    # Where the environment comes from.
-    image: str | None = Field(default=None, description="docker image with the repo at /testbed (SWE-bench's)")
+    # Where the environment comes from (see environment()).
+    image: str | None = Field(default=None, description="the instance's image, the repository at /testbed")
     repo_path: Path | None = Field(default=None, description="local directory or git repository with the code")
     python_env: Path | None = Field(default=None, description="a virtualenv mounted read-only, first on PATH")
+    # How it is graded: the row's own eval script, or (rows without one) the test command on the test files.
+    eval_script: str | None = Field(default=None, description="SWE-bench 5's eval.sh: test patch, then the tests")
+    eval_type: str = Field(default="pass_and_fail", description="swebench's EvalType")
     setup_command: str | None = Field(default=None, description="run in the evaluation sandbox before the tests")
     test_command: str = DEFAULT_TEST_COMMAND
     log_parser: str = "parse_log_pytest"
@@ -53,20 +60,50 @@ class SWEInstance(BaseModel):
     def _json_list(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
 
+    @field_validator("log_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        if value not in known_log_parsers():
+            raise ValueError(f"unknown log_parser {value!r}: swebench {swebench_version()} has no such parser")
+        return value
+
+    @field_validator("eval_type")
+    @classmethod
+    def _known_eval_type(cls, value: str) -> str:
+        from swebench.harness.constants import EvalType
+
+        if value not in {t.value for t in EvalType}:
+            raise ValueError(f"unknown eval_type {value!r} (swebench knows {', '.join(t.value for t in EvalType)})")
+        return value
+
+    @field_validator("eval_script")
+    @classmethod
+    def _has_markers(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_eval_script(value)  # raises, naming what is missing
+        return value
+
+    def environment(self) -> InstanceEnvironment:
+        """Where this instance's code and system come from, for the agent's runtime and the grader alike: the
+        image when the row has one (its /testbed is the code), else the local checkout with its Python."""
+        if self.image is None and self.repo_path is None:
+            raise ValueError(f"instance {self.instance_id} has neither an image nor a repo_path: nothing to run in")
+        return InstanceEnvironment(
+            instance_id=self.instance_id,
+            image=self.image,
+            repo=None if self.image else self.repo_path,
+            base_commit=self.base_commit,
+            python_env=None if self.image else self.python_env,
+        )
+
     @property
     def test_files(self) -> list[str]:
         """Files the test patch touches: restored to the base and re-patched over whatever the agent did."""
         return [f.path for f in PatchSet(self.test_patch)] if self.test_patch.strip() else []
 
-    def task(self) -> Task:
-        if self.repo_path is None:
-            raise ValueError(f"instance {self.instance_id} has no repo_path (image-only instances need docker)")
-        return Task(
-            instance_id=self.instance_id,
-            problem_statement=self.problem_statement,
-            repo=self.repo_path,
-            base_commit=self.base_commit,
-        )
+    def task(self, runtime: str) -> Task:
+        """What the agent works on: the environment's code, as the runtime ``runtime`` finds it."""
+        return self.environment().task(self.problem_statement, runtime)
 
 
 def _rows_from_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -114,7 +151,29 @@ def load_hf(path: Path, split: str = "test") -> list[SWEInstance]:
     return [_validate(f"{path}[{i}]", dict(row), path.parent) for i, row in enumerate(ds)]
 
 
+def load_task_repo(path: Path) -> list[SWEInstance]:
+    """A SWE-bench 5 task repo (``tasks/<id>/``) or one task directory of it, read by swebench's own reader."""
+    from swebench.task import repo as task_repo
+
+    dirs = task_repo.task_dirs(path) if (path / task_repo.TASKS_SUBDIR).is_dir() else [path]
+    instances = []
+    for d in dirs:
+        try:
+            row = task_repo.load_task(d)
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # a missing file, bad JSON or YAML: name the task
+            raise ValueError(f"{d}: not a SWE-bench task directory: {exc}") from None
+        instances.append(_validate(str(d), row, d))
+    return instances
+
+
+def is_task_dir(path: Path) -> bool:
+    """A SWE-bench 5 task directory (it has ``tests.json``) or a task repo holding them."""
+    return (path / "tasks").is_dir() or ((path / "task.yaml").is_file() and (path / "tests.json").is_file())
+
+
 def load_instances(path: Path) -> list[SWEInstance]:
+    if path.is_dir() and is_task_dir(path):
+        return load_task_repo(path)
     if path.is_dir() and (path / "task.yaml").exists():
         return [load_bundled(path)]
     if path.suffix == ".jsonl" or path.suffix == ".json":

@@ -10,7 +10,9 @@ run that never printed one (it crashed, was killed or called ``os._exit``) has n
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import NamedTuple
 
 # swebench.harness.constants' log markers, spelled out: importing swebench takes seconds (tests check they match).
 START_TEST_OUTPUT = ">>>>> Start Test Output"
@@ -52,3 +54,46 @@ def graded_log(output: str, exit_code: int | None) -> str:
     """A log in the shape swebench's ``get_eval_report`` reads: the graded output between its markers, and the
     test command's exit status as the sandbox reported it."""
     return f"{START_TEST_OUTPUT}\n{output}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {exit_code}\n"
+
+
+@functools.cache
+def known_log_parsers() -> frozenset[str]:
+    """The names of swebench's log parsers (its PARSER_REGISTRY)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    return frozenset(PARSER_REGISTRY)
+
+
+def swebench_version() -> str:
+    from importlib.metadata import version
+
+    return version("swebench")
+
+
+class EvalScriptParts(NamedTuple):
+    """A row's eval script cut at its test-output markers (the way swebench's ``record_test_exit_code`` finds
+    them: the first line holding the marker)."""
+
+    setup: str  # the environment, resetting the test files, applying the test patch
+    tests: str  # the test command: its last exit status is the tests' exit code
+    after: str  # resetting the test files again: not needed in a throwaway sandbox
+
+
+def split_eval_script(script: str) -> EvalScriptParts:
+    from swebench.harness.utils import parse_eval_script
+
+    lines = parse_eval_script(script)
+    start = next((i for i, line in enumerate(lines) if START_TEST_OUTPUT in line), None)
+    end = next((i for i, line in enumerate(lines) if END_TEST_OUTPUT in line), None)
+    if start is None or end is None or end < start:
+        raise ValueError(
+            f"the eval script has no {START_TEST_OUTPUT!r} line followed by an {END_TEST_OUTPUT!r} line: "
+            "the grader cannot tell the test command from the setup"
+        )
+    if start + 1 == end:
+        raise ValueError("the eval script runs no command between its test-output markers")
+    return EvalScriptParts(
+        setup="\n".join(lines[:start]) + "\n",
+        tests="\n".join(lines[start + 1 : end]) + "\n",
+        after="\n".join(lines[end + 1 :]) + "\n",
+    )

@@ -1,29 +1,57 @@
 """bubblewrap runtime (the default): own pid/mount/net/ipc/uts namespaces, read-only system, only the workspace and
-the harness home writable, no capabilities, and no network but the relayed proxy."""
+the harness home writable, no capabilities, and no network but the relayed proxy.
+
+The system is the host's /usr, or, given ``rootfs`` (or ``image``, unpacked by ``images.image_rootfs``), an OCI
+image's root filesystem: a docker-free image runtime. Then the image's own bash, python, git... run, and only
+init.sh's ``socat`` and the CLIs' ``node`` come from the host (``images.HostTools``, first on PATH)."""
 
 from __future__ import annotations
 
-from nemo_polar.sandbox.base import Runtime, SandboxPaths, SandboxSpec
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from nemo_polar.sandbox.base import Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
 from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
+from nemo_polar.sandbox.images import HOST_BIN, HOST_ROOT, HostTools, host_tools, image_env, image_rootfs
 
 HOST_ETC = ["ssl", "ca-certificates", "localtime", "alternatives"]  # read-only, harmless, some tools expect them
+RUN = "/run/polar"
+HOME = "/root"
+OWN_TOP = {"proc", "dev", "tmp", "run", "sys"}  # never the image's: bwrap makes them (there is no /sys at all)
 
 
 class BwrapRuntime(Runtime):
     name = "bwrap"
 
-    def __init__(self) -> None:
+    def __init__(self, rootfs: Path | None = None, workdir: str = "/workspace", *, image: str | None = None) -> None:
+        """``rootfs``: an image's root filesystem as /, read-only; ``image``: the same, unpacked at ``start()``.
+        ``workdir``: where the workspace appears inside (e.g. /testbed, where an image has its repository)."""
         super().__init__()
+        if rootfs is not None and image is not None:
+            raise ValueError("give a rootfs or an image, not both")
+        if not workdir.startswith("/") or workdir in ("/", HOME, RUN):
+            raise ValueError(f"workdir must be an absolute path of its own, not {workdir!r}")
+        self.rootfs = rootfs
+        self.image = image
+        self.workdir = workdir
+        self.host: HostTools | None = None
         self.run: RunDir | None = None
 
     @property
     def paths(self) -> SandboxPaths:
-        return SandboxPaths(workspace="/workspace", home="/root")
+        return SandboxPaths(workspace=self.workdir, home=HOME)
 
     def start(self, spec: SandboxSpec) -> None:
         require(
             "bwrap", "socat", hint="install bubblewrap and socat (`make setup` does: apt-get install bubblewrap socat)"
         )
+        if self.image is not None and self.rootfs is None:
+            self.rootfs = image_rootfs(self.image)
+        if self.rootfs is not None:
+            if not (self.rootfs / "bin").exists() and not (self.rootfs / "usr").is_dir():
+                raise RuntimeUnavailable(f"{self.rootfs} is not a root filesystem (no /usr, no /bin)")
+            self.host = host_tools()
         self.spec = spec
         self.run = RunDir(spec)
         self.audit = self.run.audit
@@ -31,27 +59,86 @@ class BwrapRuntime(Runtime):
     def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
         assert self.spec is not None, "start() first"
         spec, paths = self.spec, self.paths
-        cmd = ["bwrap", "--ro-bind", "/usr", "/usr"]
-        for link in ("bin", "lib", "lib64", "sbin"):
-            cmd += ["--symlink", f"usr/{link}", f"/{link}"]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/etc"]
-        for name in ETC:
-            cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
-        for name in HOST_ETC:
-            cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        cmd += ["--ro-bind", str(spec.run_dir), "/run/polar"]
+        if self.rootfs is None:
+            cmd = ["bwrap", "--ro-bind", "/usr", "/usr"]
+            for link in ("bin", "lib", "lib64", "sbin"):
+                cmd += ["--symlink", f"usr/{link}", f"/{link}"]
+            cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/etc"]
+            for name in ETC:
+                cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
+            for name in HOST_ETC:
+                cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+            cmd += ["--ro-bind", str(spec.run_dir), RUN]
+            full_env = {**base_env(paths.home, proxy=spec.proxy_url is not None), **env}
+        else:
+            assert self.host is not None
+            targets = {f"/etc/{name}" for name in ETC} | {RUN, HOST_ROOT, HOST_BIN, paths.workspace, paths.home}
+            cmd = ["bwrap", *image_root_args(self.rootfs, targets | set(spec.mounts))]
+            cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            for name in ETC:
+                cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
+            cmd += ["--ro-bind", str(spec.run_dir), RUN, *self.host.bwrap_args()]
+            inside = image_env(self.rootfs)
+            full_env = {**inside, **base_env(paths.home, proxy=spec.proxy_url is not None)}
+            full_env["PATH"] = inside.get("PATH") or full_env["PATH"]  # the image's own, as docker would have it
+            full_env.update(env)
+            # Only socat and node are there; everything else on PATH stays the image's.
+            full_env["PATH"] = f"{HOST_BIN}:{full_env['PATH']}"
         cmd += ["--bind", str(spec.workspace), paths.workspace, "--bind", str(spec.home), paths.home]
-        for inside, host in spec.mounts.items():  # after the home bind, which would otherwise hide mounts under it
-            cmd += ["--ro-bind", str(host), inside]
+        for inside_path, host in spec.mounts.items():  # after the home bind, which would otherwise hide mounts under it
+            cmd += ["--ro-bind", str(host), inside_path]
+        if self.rootfs is not None:
+            cmd += ["--remount-ro", "/"]  # the directories made above for mount points, not only the image's
         cmd += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         # Binding port 53 for the DNS audit needs this one capability; the sandbox has no route anywhere anyway.
         cmd += ["--cap-add", "CAP_NET_BIND_SERVICE", "--clearenv"]
-        for key, value in {**base_env(paths.home, proxy=spec.proxy_url is not None), **env}.items():
+        for key, value in full_env.items():
             cmd += ["--setenv", key, value]
-        cmd += ["--chdir", cwd, "/bin/bash", "/run/polar/init.sh", *argv]
+        cmd += ["--chdir", cwd, "/bin/bash", f"{RUN}/init.sh", *argv]
         return cmd
 
     def stop(self) -> None:
         if self.run is not None:
             self.run.close()
             self.run = None
+
+
+def image_root_args(rootfs: Path, targets: set[str]) -> list[str]:
+    """bwrap arguments that make ``rootfs`` the sandbox's /, read-only, leaving room for mounts at ``targets``.
+
+    A read-only bind of the whole rootfs at / would leave bwrap no way to create a mount point the image lacks (and
+    writing one into the shared rootfs is not an option). So / is bwrap's own tmpfs, made read-only at the end
+    (``--remount-ro /``), with each top-level entry of the image bound read-only or re-made as a symlink; a
+    directory on the way to a missing mount point (or to a symlink there, e.g. Ubuntu's /etc/resolv.conf) is made
+    too, its entries bound one by one."""
+    split = {"/"}
+    for target in targets:
+        parts = PurePosixPath(target).parts[1:]
+        for depth in range(len(parts)):
+            here = "/" + "/".join(parts[: depth + 1])
+            try:
+                mode = os.lstat(rootfs / here.lstrip("/")).st_mode
+            except OSError:
+                mode = 0
+            last = depth == len(parts) - 1
+            if not mode or stat.S_ISLNK(mode) or (not last and not stat.S_ISDIR(mode)):
+                split.update("/" + "/".join(parts[:d]) for d in range(1, depth + 1))
+                break
+    args: list[str] = []
+
+    def fill(directory: str) -> None:
+        with os.scandir(rootfs / directory.lstrip("/")) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                inside = f"{directory.rstrip('/')}/{entry.name}"
+                if (directory == "/" and entry.name in OWN_TOP) or inside in targets:
+                    continue  # bwrap makes these, or a later mount does
+                if inside in split:
+                    args.extend(["--dir", inside])
+                    fill(inside)
+                elif entry.is_symlink():
+                    args.extend(["--symlink", os.readlink(entry.path), inside])
+                else:
+                    args.extend(["--ro-bind", entry.path, inside])
+
+    fill("/")
+    return args

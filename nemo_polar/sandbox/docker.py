@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
+    from nemo_polar.sandbox.images import HostTools
+
 IMAGE = "nemo-polar/runtime:1"
 SETUP = "run `make docker` (scripts/setup_docker.sh: installs docker.io, starts dockerd, builds the image)"
 RUN = "/run/polar"
@@ -81,9 +83,18 @@ class DockerRuntime(Runtime):
         memory: str = "4g",
         pids: int = 1024,
         node: Path | None = None,
+        workdir: str = "/workspace",
+        instance_image: bool = False,
     ) -> None:
+        """``instance_image``: ``image`` is a task's own (SWE-bench's: the code at ``workdir``, its environment
+        installed around it), pulled by name if the daemon lacks it; its root stays writable, as swebench's
+        harness runs it (eval scripts may write outside the tree), and every container is fresh."""
         super().__init__()
         self.image = image or os.environ.get("POLAR_DOCKER_IMAGE") or IMAGE
+        self.workdir = workdir
+        self.instance_image = instance_image
+        self.host: HostTools | None = None
+        self.path = ""  # an instance image's PATH inside
         self.cpus = min(cpus, os.cpu_count() or 1)  # the daemon refuses more CPUs than the machine has
         self.memory = memory
         self.pids = pids
@@ -94,7 +105,7 @@ class DockerRuntime(Runtime):
 
     @property
     def paths(self) -> SandboxPaths:
-        return SandboxPaths(workspace="/workspace", home="/root")
+        return SandboxPaths(workspace=self.workdir, home="/root")
 
     def start(self, spec: SandboxSpec) -> None:
         require("docker", "socat", hint=f"install docker.io and socat; {SETUP}")
@@ -105,17 +116,32 @@ class DockerRuntime(Runtime):
         from docker.errors import ImageNotFound
 
         try:
-            client.images.get(self.image)
+            found = client.images.get(self.image)
         except ImageNotFound:
-            client.close()
-            raise RuntimeUnavailable(f"docker image {self.image} is missing; {SETUP}") from None
+            if not self.instance_image:
+                client.close()
+                raise RuntimeUnavailable(f"docker image {self.image} is missing; {SETUP}") from None
+            try:
+                found = client.images.pull(self.image)
+            except Exception as exc:  # no registry reachable, unknown name, no credentials
+                client.close()
+                raise RuntimeUnavailable(f"image {self.image} is not on this daemon and not pullable: {exc}") from None
         self.client = client
+        if self.instance_image:  # its own PATH (conda's...), with the host's socat and node first
+            from nemo_polar.sandbox.images import HOST_BIN, host_tools
+
+            self.host = host_tools()
+            image_env = dict(e.split("=", 1) for e in found.attrs["Config"].get("Env") or [] if "=" in e)
+            self.path = f"{HOST_BIN}:{image_env.get('PATH') or base_env('/')['PATH']}"
 
         self.spec = spec
         self.run = RunDir(spec)
         self.audit = self.run.audit
         command = ["/bin/bash", "-c", keeper(proxy=spec.proxy_url is not None)]
-        self.container = client.containers.run(self.image, command, **self._config(spec, node))
+        config = self._config(spec, node)
+        if self.path:
+            config["environment"] = {"PATH": self.path}
+        self.container = client.containers.run(self.image, command, **config)
         self._wait_ready()
 
     def _config(self, spec: SandboxSpec, node: Path) -> dict[str, Any]:
@@ -125,7 +151,14 @@ class DockerRuntime(Runtime):
             return Mount(target, str(source), type="bind", read_only=read_only)
 
         mounts = [bind(f"/etc/{name}", spec.run_dir / "etc" / name) for name in ETC]
-        mounts += [bind(RUN, spec.run_dir), bind("/usr/bin/node", node)]
+        mounts += [bind(RUN, spec.run_dir)]
+        if self.host is None:
+            mounts.append(bind("/usr/bin/node", node))
+        else:  # a task's image has its own libc, or no node: the host's tools, patched to load the host's libraries
+            from nemo_polar.sandbox.images import HOST_BIN, HOST_ROOT
+
+            mounts += [bind(HOST_ROOT + d, Path(d)) for d in self.host.binds]
+            mounts.append(bind(HOST_BIN, self.host.bin_dir))
         mounts += [bind(inside, host) for inside, host in spec.mounts.items()]
         mounts += [bind(self.paths.workspace, spec.workspace, False), bind(self.paths.home, spec.home, False)]
         return {
@@ -136,7 +169,7 @@ class DockerRuntime(Runtime):
             # As under bwrap: the caller's own uid, so what the harness writes stays the caller's.
             "user": f"{os.getuid()}:{os.getgid()}",
             "working_dir": self.paths.workspace,
-            "read_only": True,
+            "read_only": not self.instance_image,
             "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
             # No capabilities at all: the DNS audit's port 53 is made unprivileged in the container's own netns.
             "cap_drop": ["ALL"],
@@ -162,7 +195,13 @@ class DockerRuntime(Runtime):
     def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
         assert self.spec is not None and self.container is not None, "start() first"
         cmd = ["docker", "exec", "-i", "-w", cwd]
-        for key, value in {**base_env(self.paths.home, proxy=self.spec.proxy_url is not None), **env}.items():
+        full_env = base_env(self.paths.home, proxy=self.spec.proxy_url is not None)
+        if self.path:
+            full_env["PATH"] = self.path
+        full_env.update(env)
+        if self.path and "PATH" in env:  # a caller's PATH still finds the host's tools
+            full_env["PATH"] = f"{self.path.split(':', 1)[0]}:{env['PATH']}"
+        for key, value in full_env.items():
             cmd += ["-e", f"{key}={value}"]
         return [*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv]
 

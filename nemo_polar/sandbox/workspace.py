@@ -18,6 +18,9 @@ class Task(BaseModel):
     problem_statement: str
     repo: Path = Field(description="a local directory or git repository holding the code")
     base_commit: str | None = Field(default=None, description="checked out when repo is a git repository")
+    whole_tree: bool = Field(
+        default=False, description="copy the tree as it is (build outputs, untracked files) rather than a commit"
+    )
 
 
 def git(cwd: Path, *args: str, input: bytes | None = None) -> bytes:
@@ -33,15 +36,19 @@ def prepare_workspace(task: Task, dest: Path) -> Path:
     if not task.repo.is_dir():
         raise FileNotFoundError(f"task {task.instance_id}: repository {task.repo} does not exist")
     dest.mkdir(parents=True, exist_ok=True)
-    if (task.repo / ".git").exists():
+    if (task.repo / ".git").exists() and not task.whole_tree:
         tree = git(task.repo, "archive", "--format=tar", task.base_commit or "HEAD")
         subprocess.run(["tar", "-x", "-C", str(dest)], input=tree, check=True)
-    else:
-        shutil.copytree(task.repo, dest, dirs_exist_ok=True)
+    else:  # never the history: the top-level .git stays behind
+        shutil.copytree(task.repo, dest, symlinks=True, dirs_exist_ok=True, ignore=_top_level_git(task.repo))
     git(dest, "init", "-q")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "--allow-empty", "-m", f"base for {task.instance_id}")
     return dest
+
+
+def _top_level_git(root: Path):  # shutil's ignore callable
+    return lambda directory, names: [".git"] if Path(directory) == root else []
 
 
 def extract_patch(workspace: Path, excludes: tuple[str, ...]) -> str:

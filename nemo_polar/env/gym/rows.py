@@ -3,8 +3,9 @@
 A row is ``{"responses_create_params": {...}, "agent_ref": {...}, <SWE-bench instance fields>}``. The user text of
 ``responses_create_params`` is the instruction the CLI gets (it replaces ``problem_statement``); the instance
 fields are SWE-bench's own (``FAIL_TO_PASS``/``PASS_TO_PASS`` may be JSON strings, as in the Hugging Face
-datasets). The environment comes from ``repo_path`` (+ ``python_env``), or, when the row has neither, from the
-bundled instance with the row's ``instance_id``. Nothing here imports nemo-gym.
+datasets). The environment comes from the row's ``image`` (a SWE-bench 5 row), or ``repo_path`` (+ ``python_env``),
+or, when the row has neither, from the bundled instance with the row's ``instance_id``. Nothing here imports
+nemo-gym.
 """
 
 from __future__ import annotations
@@ -76,11 +77,11 @@ def instance_from_row(row: Mapping[str, Any], task_text: str) -> SWEInstance:
             if not path.exists():
                 raise RowError(f"{instance_id}: {key} {path} does not exist on the agent's host")
     base: dict[str, Any] = {}
-    if "repo_path" not in fields:
+    if "repo_path" not in fields and "image" not in fields:
         bundled = {i.instance_id: i for i in bundled_instances()}
         if instance_id not in bundled:
             raise RowError(
-                f"{instance_id}: the row has no repo_path and {instance_id!r} is not a bundled instance "
+                f"{instance_id}: the row has no image, no repo_path and {instance_id!r} is not a bundled instance "
                 f"(bundled: {', '.join(sorted(bundled))})"
             )
         base = bundled[instance_id].model_dump(exclude_none=True)

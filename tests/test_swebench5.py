@@ -1,0 +1,192 @@
+"""Real SWE tasks as SWE-bench 5 publishes them: task directories (examples/tasks/swebench5) built from real
+projects' release sdists, each with a real bug fix, graded by `polar grade` in the instance's own image, in docker and
+daemonless (bwrap over the image's unpacked rootfs), beside swebench's own harness (``run_instance``) on the same
+images: the verdicts must agree on gold, empty and wrong patches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_polar.rewards.grader import GradeResult, grade_many
+from nemo_polar.rewards.instance import SWEInstance, select_instances
+from nemo_polar.sandbox.workspace import GIT
+from tests.conftest import ProxyHandle
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "examples" / "tasks" / "swebench5"
+TASK_IDS = sorted(d.name for d in (TASKS / "tasks").iterdir() if (d / "task.yaml").exists())
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, SWEInstance]:
+    """The task images, built once and cached by their Dockerfiles (scripts/build_swebench5_images.sh)."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "build_swebench5_images.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {i.instance_id: i for i in select_instances(TASKS)}
+
+
+def wrong_patch(instance: SWEInstance, tmp_path: Path) -> str:
+    """A patch that applies and touches the file the gold patch fixes, without fixing it."""
+    from unidiff import PatchSet
+
+    target = next(f.path for f in PatchSet(instance.patch))
+    tree = tmp_path / "wrong"
+    shutil.copytree(instance.environment().code("docker"), tree, symlinks=True)
+    path = tree / target
+    path.write_text(path.read_text() + "\n# a change that fixes nothing\n")
+    return subprocess.run([*GIT, "diff"], cwd=tree, capture_output=True, text=True, check=True).stdout
+
+
+def verdicts(results: list[GradeResult]) -> list[tuple[str, float, bool]]:
+    return [(r.status, r.reward, r.mask_sample) for r in results]
+
+
+def test_task_repo_rows_are_swebench_own(images: dict[str, SWEInstance]) -> None:
+    """The rows are what swebench's task-repo reader gives; an image row needs no repo_path."""
+    from swebench.task.repo import load_task_repo
+
+    for row in load_task_repo(TASKS):
+        ours = images[row["instance_id"]]
+        assert ours.eval_script == row["eval_script"] and ours.image == row["image"]
+        assert row["FAIL_TO_PASS"] == ours.FAIL_TO_PASS and row["PASS_TO_PASS"] == ours.PASS_TO_PASS
+        assert ours.log_parser == row["log_parser"] and ours.repo_path is None
+        assert ours.environment().kind == "image"
+
+
+@pytest.mark.parametrize("runtime", ["docker", "bwrap"])
+@pytest.mark.parametrize("instance_id", TASK_IDS)
+def test_gold_empty_and_wrong_patches(
+    images: dict[str, SWEInstance], instance_id: str, runtime: str, tmp_path: Path
+) -> None:
+    inst = images[instance_id]
+    patches = [inst.patch, "", wrong_patch(inst, tmp_path)]
+    results = grade_many([(inst, p) for p in patches], runtime=runtime, log_dir=tmp_path / "logs")
+    assert verdicts(results) == [("resolved", 1.0, False), ("empty_patch", 0.0, False), ("unresolved", 0.0, False)], [
+        r.reason for r in results
+    ]
+    assert results[0].fail_to_pass == 1.0 and results[0].pass_to_pass == 1.0
+    assert results[2].fail_to_pass == 0.0 and results[2].pass_to_pass == 1.0
+    assert results[0].log_path is not None and results[0].log_path.is_file()  # the evaluation log is kept
+
+
+def test_swebench_run_instance_agrees(images: dict[str, SWEInstance], tmp_path: Path) -> None:
+    """swebench's own harness on the same rows and images: the same verdicts on gold, empty and wrong patches."""
+    code = """
+import json, sys
+from swebench.harness.run_evaluation import _docker_client, run_instance
+from swebench.harness.utils import make_test_spec
+from swebench.task.repo import load_task_repo
+rows, preds = load_task_repo(sys.argv[1]), json.loads(sys.argv[2])
+out = {}
+for row in rows:
+    for name, patch in preds[row["instance_id"]].items():
+        pred = {"instance_id": row["instance_id"], "model_name_or_path": name, "model_patch": patch}
+        done = run_instance(make_test_spec(row), pred, _docker_client(), "polar-xcheck", timeout=600)
+        out[row["instance_id"] + "/" + name] = bool(done and done[1][row["instance_id"]]["resolved"])
+print(json.dumps(out))
+"""
+    preds = {
+        i: {"gold": inst.patch, "empty": "", "wrong": wrong_patch(inst, tmp_path / i)} for i, inst in images.items()
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(TASKS), json.dumps(preds)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    pairs = [(images[i], patch) for i, by_name in preds.items() for patch in by_name.values()]
+    ours = grade_many(pairs, runtime="docker")
+    keys = [f"{i}/{name}" for i, by_name in preds.items() for name in by_name]
+    assert {k: r.resolved for k, r in zip(keys, ours, strict=True)} == theirs
+    assert [theirs[f"{i}/gold"] for i in preds] == [True] * len(preds)
+
+
+def test_polar_grade_keeps_every_log(images: dict[str, SWEInstance], tmp_path: Path) -> None:
+    inst = images[TASK_IDS[0]]
+    predictions = tmp_path / "preds.jsonl"
+    predictions.write_text(json.dumps({"instance_id": inst.instance_id, "model_patch": inst.patch}) + "\n")
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "nemo_polar.cli", "grade", "--instances", str(TASKS / "tasks" / inst.instance_id)]
+    done = subprocess.run([*cmd, "--predictions", str(predictions), "--runtime", "docker", "-o", str(out)])
+    assert done.returncode == 0
+    [result] = json.loads(out.read_text())["results"]
+    assert result["status"] == "resolved"
+    assert Path(result["log_path"]) == tmp_path / "report.logs" / f"{inst.instance_id}.eval.log"
+    assert ">>>>> Start Test Output" in Path(result["log_path"]).read_text()
+
+
+def test_published_rows_with_bad_fields_are_named(tmp_path: Path) -> None:
+    """Unknown or missing fields of a published row: a clear error naming the row, never a traceback."""
+    from swebench.task.repo import load_task
+
+    task = TASKS / "tasks" / TASK_IDS[0]
+    row = load_task(task)
+    cases = {
+        "log_parser": ({**row, "log_parser": "parse_log_nothing"}, "unknown log_parser 'parse_log_nothing'"),
+        "eval_type": ({**row, "eval_type": "sometimes"}, "unknown eval_type 'sometimes'"),
+        "markers": ({**row, "eval_script": "#!/bin/bash\npytest\n"}, "no '>>>>> Start Test Output' line"),
+        "problem": ({k: v for k, v in row.items() if k != "problem_statement"}, "problem_statement"),
+    }
+    for name, (bad, message) in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=rf"{path}:1: not a valid instance") as caught:
+            select_instances(path)
+        assert message in str(caught.value), name
+    nowhere = SWEInstance.model_validate({**row, "image": None})
+    with pytest.raises(ValueError, match=f"{row['instance_id']} has neither an image nor a repo_path"):
+        nowhere.environment()
+    broken = tmp_path / "tasks" / "broken"
+    shutil.copytree(task, broken)
+    (broken / "tests.json").unlink()
+    with pytest.raises(ValueError, match=f"{broken}: not a SWE-bench task directory"):
+        select_instances(tmp_path)
+
+
+RELATIVE_SEEK_FIX = [
+    {"kind": "shell", "command": "echo commits=$(git rev-list --all | wc -l)"},
+    {"kind": "read_file", "path": "more_itertools/more.py"},
+    {
+        "kind": "edit_file",
+        "path": "more_itertools/more.py",
+        "old": "        index = len(self._cache)\n        self.seek(max(index + count, 0))",
+        "new": "        if self._index is None:\n            self._index = len(self._cache)\n"
+        "        self.seek(max(self._index + count, 0))",
+    },
+    {
+        "kind": "shell",
+        "command": "source /opt/miniconda3/bin/activate && conda activate testbed && "
+        "python -m pytest -q tests/test_more.py -k relative_seek 2>&1 | tail -2",
+    },
+    {"kind": "final", "text": "relative_seek now seeks from the current position, not from the end of the cache."},
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("runtime", ["docker", "bwrap"])
+def test_a_real_cli_session_inside_the_instance_image(
+    images: dict[str, SWEInstance], proxy: ProxyHandle, runtime: str, tmp_path: Path
+) -> None:
+    """The unchanged CLI (scripted policy) works in a fresh container of the row's image, in its /testbed, one
+    commit deep, running the tests with the image's own environment; its patch is graded in another fresh one."""
+    from nemo_polar.env.episode import run_episode
+    from nemo_polar.env.harness import get_harness
+
+    inst = next(i for i in images.values() if i.repo == "more-itertools/more-itertools")
+    inst = inst.model_copy(update={"script": RELATIVE_SEEK_FIX})
+    episode = run_episode(
+        get_harness("pi"), inst, proxy.client(), tmp_path / "ep", runtime=runtime, scripted=True, timeout=300
+    )
+    assert episode.session is not None, episode.verdict
+    assert episode.session.status == "completed", episode.session.error
+    assert episode.session.egress == []
+    requests = json.dumps([r.request for r in episode.session.records])
+    assert "1 passed" in requests  # the image's own pytest, in the agent's sandbox
+    assert "commits=1" in requests  # the workspace is one commit deep: no other history reachable
+    assert episode.grade is not None and episode.grade.status == "resolved", episode.grade
+    assert episode.reward == 1.0
