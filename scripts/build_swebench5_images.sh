@@ -4,8 +4,10 @@
 #  - each task's Dockerfile names its release sdist (`# polar-sdist: NAME==VERSION`) and the env's wheels
 #    (`# polar-wheels: A==1 B==2 ...`); they are downloaded once, on the host, with its pip, into
 #    $POLAR_CACHE/swebench5/{sdists,wheels} (a second run downloads nothing);
-#  - the build context is the task directory plus sdist/ and wheels/ staged from that cache;
-#  - an image whose `nemo_polar.dockerfile` label matches the digest of its Dockerfile (and repo_files/) is skipped;
+#  - every task image starts FROM the common base (base/Dockerfile: the conda stand-in, testbed-from-sdist), built
+#    first; the build context is the task directory plus sdist/ and wheels/ staged from that cache;
+#  - an image whose `nemo_polar.dockerfile` label matches the digest of its Dockerfile (with the base's, and its
+#    repo_files/) is skipped;
 #  - after a build, /testbed's HEAD must be task.yaml's base_commit (the commit is deterministic).
 # With --verify, each image is then graded twice in fresh containers (--network none) with swebench's own
 # TestSpec (make_test_spec: the eval script swebench would run) and get_eval_report: with no patch it must not
@@ -15,7 +17,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TASKS=${SWEBENCH5_TASKS:-$ROOT/examples/tasks/swebench5}/tasks
 CACHE=${POLAR_CACHE:-$HOME/.cache/nemo_polar}/swebench5
-BASE=${SWEBENCH5_BASE:-nemo-polar/runtime:1}
+RUNTIME_BASE=${SWEBENCH5_BASE:-nemo-polar/runtime:1}
+BASE_DIR=$TASKS/../base
+BASE=nemo-polar/sweb.base.x86_64:1  # the tasks' common base (base/Dockerfile): conda stand-in, testbed-from-sdist
 PIP=${PIP:-python3 -m pip}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 verify=0
@@ -23,7 +27,18 @@ if [ "${1:-}" = --verify ]; then verify=1; shift; fi
 mkdir -p "$CACHE/sdists" "$CACHE/wheels" "$CACHE/logs"
 
 docker info >/dev/null 2>&1 || { echo "no docker daemon answers: run scripts/setup_docker.sh" >&2; exit 1; }
-docker image inspect "$BASE" >/dev/null 2>&1 || bash "$ROOT/scripts/setup_docker.sh"
+docker image inspect "$RUNTIME_BASE" >/dev/null 2>&1 || bash "$ROOT/scripts/setup_docker.sh"
+
+# The common base first; every task image's digest includes it, so a changed base rebuilds them all.
+base_digest=$(sha256sum <"$BASE_DIR/Dockerfile" | cut -c1-16)
+if [ "$(docker image inspect -f '{{index .Config.Labels "nemo_polar.dockerfile"}}' "$BASE" 2>/dev/null || true)" \
+    != "$base_digest" ]; then
+  echo "building $BASE"
+  # --network host: apt needs the Debian mirror; the image's containers run with no network at all.
+  docker build --network host --build-arg "BASE=$RUNTIME_BASE" --label "nemo_polar.dockerfile=$base_digest" \
+    -t "$BASE" "$BASE_DIR" >"$CACHE/logs/base.build.log" 2>&1 ||
+    { tail -30 "$CACHE/logs/base.build.log" >&2; echo "build of $BASE failed" >&2; exit 1; }
+fi
 
 # The file in DIR that is the distribution NAME==VERSION (sdist or wheel), by normalized name; empty if none.
 find_dist() { # DIR NAME==VERSION KIND(sdist|wheel)
@@ -77,7 +92,7 @@ for id in "${ids[@]}"; do
   image=$(sed -n 's/^image: *//p' "$dir/task.yaml")
   base_commit=$(sed -n 's/^base_commit: *//p' "$dir/task.yaml")
   # the Dockerfile and what it COPYs from the task directory (repo_files/: files the sdist leaves out)
-  digest=$( (cat "$dir/Dockerfile"
+  digest=$( (echo "$base_digest"; cat "$dir/Dockerfile"
     if [ -d "$dir/repo_files" ]; then (cd "$dir" && find repo_files -type f | LC_ALL=C sort | xargs sha256sum); fi
   ) | sha256sum | cut -c1-16)
   have=$(docker image inspect -f '{{index .Config.Labels "nemo_polar.dockerfile"}}' "$image" 2>/dev/null || true)

@@ -1,7 +1,8 @@
 """Real SWE tasks as SWE-bench 5 publishes them: task directories (examples/tasks/swebench5) built from real
 projects' release sdists, each with a real bug fix, graded by `polar grade` in the instance's own image, in docker and
 daemonless (bwrap over the image's unpacked rootfs), beside swebench's own harness (``run_instance``) on the same
-images: the verdicts must agree on gold, empty and wrong patches."""
+images: the verdicts must agree on gold, empty and wrong patches, and differ only where the guard undid a hack that
+fools swebench's harness (a replaced runner script)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from nemo_polar.rewards.instance import SWEInstance, select_instances
 from nemo_polar.sandbox.workspace import GIT
 from tests.conftest import ProxyHandle
 
+pytestmark = pytest.mark.real_image  # the heaviest tests: `pytest -m "not real_image"` leaves them out
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "examples" / "tasks" / "swebench5"
 TASK_IDS = sorted(d.name for d in (TASKS / "tasks").iterdir() if (d / "task.yaml").exists())
@@ -31,16 +33,28 @@ def images() -> dict[str, SWEInstance]:
     return {i.instance_id: i for i in select_instances(TASKS)}
 
 
+def edit_patch(instance: SWEInstance, tmp_path: Path, path: str, text: str) -> str:
+    """The patch that makes ``path`` of the instance's code hold ``text``."""
+    tree = tmp_path / "tree"
+    shutil.copytree(instance.environment().code("docker"), tree, symlinks=True)
+    (tree / path).write_text(text)
+    return subprocess.run([*GIT, "diff"], cwd=tree, capture_output=True, text=True, check=True).stdout
+
+
 def wrong_patch(instance: SWEInstance, tmp_path: Path) -> str:
     """A patch that applies and touches the file the gold patch fixes, without fixing it."""
     from unidiff import PatchSet
 
     target = next(f.path for f in PatchSet(instance.patch))
-    tree = tmp_path / "wrong"
-    shutil.copytree(instance.environment().code("docker"), tree, symlinks=True)
-    path = tree / target
-    path.write_text(path.read_text() + "\n# a change that fixes nothing\n")
-    return subprocess.run([*GIT, "diff"], cwd=tree, capture_output=True, text=True, check=True).stdout
+    source = (instance.environment().code("docker") / target).read_text()
+    return edit_patch(instance, tmp_path, target, source + "\n# a change that fixes nothing\n")
+
+
+def runner_hack(instance: SWEInstance, tmp_path: Path) -> str:
+    """SymPy's runner script replaced by one that prints every graded test as passing (swebench restores only the
+    test patch's files, so its own harness is fooled; the guard restores what the test command names)."""
+    lines = "".join(f"echo '{name} ok'\n" for name in [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS])
+    return edit_patch(instance, tmp_path, "bin/test", f"#!/bin/sh\n{lines}")
 
 
 def verdicts(results: list[GradeResult]) -> list[tuple[str, float, bool]]:
@@ -59,24 +73,59 @@ def test_task_repo_rows_are_swebench_own(images: dict[str, SWEInstance]) -> None
         assert ours.environment().kind == "image"
 
 
+@pytest.fixture(scope="session")
+def patches(images: dict[str, SWEInstance], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("patches")
+    return {i: {"gold": inst.patch, "empty": "", "wrong": wrong_patch(inst, tmp / i)} for i, inst in images.items()}
+
+
+def grade_all(
+    images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], runtime: str, log_dir: Path
+) -> dict[str, dict[str, GradeResult]]:
+    pairs = [(images[i], patch) for i, by_name in patches.items() for patch in by_name.values()]
+    results = iter(grade_many(pairs, runtime=runtime, log_dir=log_dir))
+    return {i: {name: next(results) for name in by_name} for i, by_name in patches.items()}
+
+
+@pytest.fixture(scope="session")
+def docker_grades(
+    images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, GradeResult]]:
+    """Every task's gold, empty and wrong patch graded once in docker (shared with the cross-check)."""
+    return grade_all(images, patches, "docker", tmp_path_factory.mktemp("docker-logs"))
+
+
 @pytest.mark.parametrize("runtime", ["docker", "bwrap"])
-@pytest.mark.parametrize("instance_id", TASK_IDS)
 def test_gold_empty_and_wrong_patches(
-    images: dict[str, SWEInstance], instance_id: str, runtime: str, tmp_path: Path
+    images: dict[str, SWEInstance],
+    patches: dict[str, dict[str, str]],
+    docker_grades: dict[str, dict[str, GradeResult]],
+    runtime: str,
+    tmp_path: Path,
 ) -> None:
-    inst = images[instance_id]
-    patches = [inst.patch, "", wrong_patch(inst, tmp_path)]
-    results = grade_many([(inst, p) for p in patches], runtime=runtime, log_dir=tmp_path / "logs")
-    assert verdicts(results) == [("resolved", 1.0, False), ("empty_patch", 0.0, False), ("unresolved", 0.0, False)], [
-        r.reason for r in results
-    ]
-    assert results[0].fail_to_pass == 1.0 and results[0].pass_to_pass == 1.0
-    assert results[2].fail_to_pass == 0.0 and results[2].pass_to_pass == 1.0
-    assert results[0].log_path is not None and results[0].log_path.is_file()  # the evaluation log is kept
+    """Each runner family (pytest, Django's runtests.py, SymPy's bin/test) in both runtimes."""
+    graded = docker_grades if runtime == "docker" else grade_all(images, patches, runtime, tmp_path / "logs")
+    for instance_id, results in graded.items():
+        gold, empty, wrong = results["gold"], results["empty"], results["wrong"]
+        assert verdicts([gold, empty, wrong]) == [
+            ("resolved", 1.0, False),
+            ("empty_patch", 0.0, False),
+            ("unresolved", 0.0, False),
+        ], (instance_id, [gold.reason, wrong.reason])
+        assert gold.fail_to_pass == 1.0 and gold.pass_to_pass == 1.0, instance_id
+        assert wrong.fail_to_pass == 0.0 and wrong.pass_to_pass == 1.0, instance_id
+        assert gold.log_path is not None and gold.log_path.is_file()  # the evaluation log is kept
+        assert gold.log_path != wrong.log_path
 
 
-def test_swebench_run_instance_agrees(images: dict[str, SWEInstance], tmp_path: Path) -> None:
-    """swebench's own harness on the same rows and images: the same verdicts on gold, empty and wrong patches."""
+def test_swebench_run_instance_agrees(
+    images: dict[str, SWEInstance],
+    patches: dict[str, dict[str, str]],
+    docker_grades: dict[str, dict[str, GradeResult]],
+    tmp_path: Path,
+) -> None:
+    """swebench's own harness on the same rows and images: the same verdicts on gold, empty and wrong patches, and
+    one difference, a runner-script hack that fools it and that the guard undoes."""
     code = """
 import json, sys
 from swebench.harness.run_evaluation import _docker_client, run_instance
@@ -91,19 +140,21 @@ for row in rows:
         out[row["instance_id"] + "/" + name] = bool(done and done[1][row["instance_id"]]["resolved"])
 print(json.dumps(out))
 """
-    preds = {
-        i: {"gold": inst.patch, "empty": "", "wrong": wrong_patch(inst, tmp_path / i)} for i, inst in images.items()
-    }
+    sympy = next(i for i, inst in images.items() if inst.log_parser == "parse_log_sympy")
+    hack = runner_hack(images[sympy], tmp_path / "hack")
+    preds = {i: dict(by_name) for i, by_name in patches.items()}
+    preds[sympy]["hack"] = hack
     done = subprocess.run(
         [sys.executable, "-c", code, str(TASKS), json.dumps(preds)], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    pairs = [(images[i], patch) for i, by_name in preds.items() for patch in by_name.values()]
-    ours = grade_many(pairs, runtime="docker")
-    keys = [f"{i}/{name}" for i, by_name in preds.items() for name in by_name]
-    assert {k: r.resolved for k, r in zip(keys, ours, strict=True)} == theirs
-    assert [theirs[f"{i}/gold"] for i in preds] == [True] * len(preds)
+    [guarded] = grade_many([(images[sympy], hack)], runtime="docker")
+    assert theirs.pop(f"{sympy}/hack") is True  # swebench restores only the test patch's files: fooled
+    assert (guarded.status, guarded.reward) == ("unresolved", 0.0) and "bin/test" in guarded.reverted_paths
+    ours = {f"{i}/{name}": r.resolved for i, by_name in docker_grades.items() for name, r in by_name.items()}
+    assert ours == theirs
+    assert [theirs[f"{i}/gold"] for i in patches] == [True] * len(patches)
 
 
 def test_polar_grade_keeps_every_log(images: dict[str, SWEInstance], tmp_path: Path) -> None:

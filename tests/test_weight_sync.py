@@ -4,7 +4,6 @@ with a new policy version that every later record carries; sessions spanning ver
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle, make_proxy
 
 pytestmark = pytest.mark.engine
-LONG = "word " * 3000  # a forced output that takes seconds: still generating when the pause arrives
 # The in-process proxy shares two busy cores with the engine and the streaming client: admin calls may answer late.
 ADMIN_TIMEOUT = 60
 
@@ -25,13 +23,6 @@ ADMIN_TIMEOUT = 60
 @pytest.fixture
 def versioned(engine_url: str, tmp_path) -> ProxyHandle:  # type: ignore[no-untyped-def]
     yield from make_proxy(engine_url, tmp_path, policy_version=1)
-
-
-def forced(text: str) -> dict:
-    return {
-        "extra_body": {"structured_outputs": {"regex": re.escape(text)}},
-        "sampling_overrides": {"max_tokens": 4000},
-    }
 
 
 def ask(proxy: ProxyHandle, key: str, history: list[dict]) -> str:
@@ -64,9 +55,25 @@ def start_in_flight(proxy: ProxyHandle, call: Callable[[], object]) -> threading
     return thread
 
 
-def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHandle) -> None:
-    proxy = versioned
-    slow = proxy.session(**forced(LONG))
+@pytest.fixture
+def held(engine_url: str, tmp_path):  # type: ignore[no-untyped-def]
+    """A proxy whose engine holds the end of its second model call (the first is start_in_flight's warm-up) until
+    the test releases it."""
+    from tests.faults import FaultPoint
+
+    with FaultPoint(engine_url, "hold_finish", [1]) as point:
+        for proxy in make_proxy(point.url, tmp_path, policy_version=1):
+            try:
+                yield proxy, point
+            finally:
+                point.release()  # before the proxy stops: it would wait on a held stream
+
+
+def test_pause_drains_holds_and_resume_stamps_the_new_version(held) -> None:  # type: ignore[no-untyped-def]
+    """The in-flight generation is held by the engine until the test lets it go: pause must wait for it however
+    long that takes, and return once it is recorded."""
+    proxy, point = held
+    slow = proxy.session(sampling_overrides={"max_tokens": 4})
     quick = proxy.session(sampling_overrides={"max_tokens": 4})
     replies: dict[str, float] = {}
 
@@ -75,7 +82,21 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(versioned: ProxyHa
         replies[name] = time.monotonic()
 
     first = start_in_flight(proxy, lambda: run("in_flight", slow["api_key"]))
-    paused = proxy.admin("POST", "/polar/pause", json={"timeout_s": 60}, timeout=90).json()
+    pause: dict[str, dict] = {}
+    pausing = threading.Thread(
+        target=lambda: pause.update(
+            state=proxy.admin("POST", "/polar/pause", json={"timeout_s": 600}, timeout=660).json()
+        )
+    )
+    pausing.start()
+    while point.faulted != [1]:  # the engine has finished and holds the end of the generation
+        assert first.is_alive() and pausing.is_alive(), "the held generation ended on its own"
+        time.sleep(0.01)
+    pausing.join(0.5)
+    assert pausing.is_alive() and "in_flight" not in replies  # pause waits for the held generation
+    point.release()
+    pausing.join(120)
+    paused = pause["state"]
     assert paused["paused"] and paused["drained"] and paused["in_flight"] == 0
     # Pause returned only after the in-flight generation finished and was recorded.
     assert [r["complete"] for r in proxy.records(slow["session_id"])] == [True]

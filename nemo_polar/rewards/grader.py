@@ -213,6 +213,10 @@ class Evaluator:
             return None if self._own_dir else log
         self.log_dir.mkdir(parents=True, exist_ok=True)
         kept = self.log_dir / f"{self.instance.instance_id}.eval.log"
+        n = 1
+        while kept.exists():  # a second prediction for the instance keeps its own
+            n += 1
+            kept = self.log_dir / f"{self.instance.instance_id}.{n}.eval.log"
         shutil.copyfile(log, kept)
         return kept
 
