@@ -90,19 +90,13 @@ class InstanceEnvironment(BaseModel):
 def docker_testbed(image: str) -> Path:
     """The image's /testbed exported once from the local docker daemon (pulled by name if it is missing there),
     cached by the image's id: a rebuilt image gets a new copy."""
-    from nemo_polar.sandbox.docker import docker_client
+    from nemo_polar.sandbox.docker import docker_client, find_image
 
     client = docker_client()
     try:
-        from docker.errors import ImageNotFound, NotFound
+        from docker.errors import NotFound
 
-        try:
-            found = client.images.get(image)
-        except ImageNotFound:
-            try:
-                found = client.images.pull(image)
-            except Exception as exc:  # registry unreachable, unknown name, no credentials
-                raise RuntimeUnavailable(f"image {image} is not on this docker daemon nor pullable: {exc}") from None
+        found = find_image(client, image, pull=True)
         root = cache_dir() / "testbeds" / found.id.replace(":", "-")
         out = root / "testbed"
         if out.is_dir():

@@ -61,17 +61,18 @@ say ready
 
 # Repository code from here on.
 if [ -n "${POLAR_ROW_EVAL:-}" ]; then
+  # Both parts in this shell (the setup's environment reaches the tests), each writing to a file printed after it.
   exec 3>&1
-  exec > >(defuse >&3) 2>&1
-  defuser=$!
+  out=$(mktemp)
+  exec >"$out" 2>&1 </dev/null
   set -x
   # shellcheck disable=SC1091
-  source "$eval_dir/row_setup.sh" </dev/null
+  source "$eval_dir/row_setup.sh"
   set +x
   exec 1>&3 2>&3
-  wait "$defuser"
+  defuse <"$out"
   echo ">>>>> Start Test Output"
-  out=$(mktemp)
+  out=$(mktemp)  # a new file: a process the setup left behind still holds the old one
   exec >"$out" 2>&1 </dev/null
   set -x
   # shellcheck disable=SC1091

@@ -28,6 +28,7 @@ from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
+    from docker.models.images import Image
 
     from nemo_polar.sandbox.images import HostTools
 
@@ -72,6 +73,21 @@ def docker_client(timeout: float = 60) -> DockerClient:
     return client
 
 
+def find_image(client: DockerClient, name: str, pull: bool) -> Image:
+    """The daemon's image ``name``; with ``pull`` (a task's own image) pulled by name if the daemon lacks it."""
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(name)
+    except ImageNotFound:
+        if not pull:
+            raise RuntimeUnavailable(f"docker image {name} is missing; {SETUP}") from None
+    try:
+        return client.images.pull(name)
+    except Exception as exc:  # no registry reachable, unknown name, no credentials
+        raise RuntimeUnavailable(f"image {name} is not on this docker daemon and not pullable: {exc}") from None
+
+
 class DockerRuntime(Runtime):
     name = "docker"
 
@@ -113,19 +129,11 @@ class DockerRuntime(Runtime):
         if node is None or not node.is_file():
             raise RuntimeUnavailable("node not found on the host: the harnesses run on the host's node, bound in")
         client = docker_client()
-        from docker.errors import ImageNotFound
-
         try:
-            found = client.images.get(self.image)
-        except ImageNotFound:
-            if not self.instance_image:
-                client.close()
-                raise RuntimeUnavailable(f"docker image {self.image} is missing; {SETUP}") from None
-            try:
-                found = client.images.pull(self.image)
-            except Exception as exc:  # no registry reachable, unknown name, no credentials
-                client.close()
-                raise RuntimeUnavailable(f"image {self.image} is not on this daemon and not pullable: {exc}") from None
+            found = find_image(client, self.image, pull=self.instance_image)
+        except RuntimeUnavailable:
+            client.close()
+            raise
         self.client = client
         if self.instance_image:  # its own PATH (conda's...), with the host's socat and node first
             from nemo_polar.sandbox.images import HOST_BIN, host_tools
