@@ -85,6 +85,14 @@ SPECS: dict[str, Spec] = {
         [("prefix merging calls/s", "prefix_merging_calls_per_s"), ("per request calls/s", "per_request_calls_per_s")],
         10_000,
     ),
+    "render_scale": Spec(
+        "a 200-call session growing to 64k tokens, rendered as the proxy renders in continuation mode (no engine)",
+        "python -m bench.render_scale",
+        "per-call render at 64k ≤ 10 ms, flat in the context",
+        lambda f: f["incremental_ms"] <= 10 and f["exponent_incremental"] < 0.5,
+        [("full ms", "full_ms"), ("incremental ms", "incremental_ms")],
+        10,
+    ),
     "staging": Spec(
         "24 sessions (INIT 1 s and POSTRUN 1 s simulated by sleeps, RUN 3 s of real generations), 2 run slots",
         "python -m bench.staging",

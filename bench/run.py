@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 # (result name, module, arguments): the order runs the quick ones first.
 BENCHES: list[tuple[str, str, list[str]]] = [
     ("reconstruct", "bench.reconstruct", []),
+    ("render_scale", "bench.render_scale", []),
     ("proxy_overhead", "bench.proxy_overhead", []),
     ("proxy_overhead_chat", "bench.proxy_overhead", ["--mode", "chat"]),
     ("stream_ttfb", "bench.stream_ttfb", []),

@@ -11,7 +11,15 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${POLAR_CACHE:-$HOME/.cache/nemo_polar}/docker
 IMAGE=${POLAR_DOCKER_IMAGE:-nemo-polar/runtime:1}
 BASE=nemo-polar/bookworm-minbase:1
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive this machine's apt already uses (the first deb URI of a main archive), unless DEBIAN_MIRROR says.
+debian_source() {
+  local uri
+  uri=$(grep -hsE '^(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list |
+    grep -v -- '-security' | grep -oE 'https?://[^ ]+/debian/?' | head -1)
+  [ -n "$uri" ] || { echo "no Debian archive in /etc/apt sources: set DEBIAN_MIRROR" >&2; return 1; }
+  echo "$uri"
+}
+MIRROR=${DEBIAN_MIRROR:-}
 DOCKERFILE=$ROOT/nemo_polar/sandbox/Dockerfile
 mkdir -p "$CACHE"
 
@@ -47,6 +55,7 @@ fi
 if ! docker image inspect "$BASE" >/dev/null 2>&1; then
   tarball=$CACHE/bookworm-minbase.tar
   if [ ! -s "$tarball" ]; then
+    [ -n "$MIRROR" ] || MIRROR=$(debian_source)
     echo "debootstrap bookworm minbase from $MIRROR"
     rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
     debootstrap --variant=minbase bookworm "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||

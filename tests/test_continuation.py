@@ -105,6 +105,8 @@ def test_chat_two_calls_token_exact(proxy: ProxyHandle, engine_url: str) -> None
     ]
     full = engine_render(engine_url, canonical)
     assert full[-len(tail) :] == tail
+    # The proxy tokenized only what the second render appended (and its ids are the engine's, just checked).
+    assert r1["tokenize"] == "full:first" and r2["tokenize"].startswith("tail:"), (r1["tokenize"], r2["tokenize"])
     assert httpx.post(f"{engine_url}/detokenize", json={"tokens": tail}).json()["prompt"] == (
         "\n<|im_start|>user\n<tool_response>\nREADME.md\nhello.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )

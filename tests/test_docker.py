@@ -116,7 +116,7 @@ def test_docker_without_a_proxy_has_no_route_out(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "http://127.0.0.1:1").model_copy(update={"proxy_url": None})
     script = (
         f"(exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}) 2>/dev/null && echo proxy-route; "
-        "python3 -c 'import socket; socket.getaddrinfo(\"pypi.org\", 443)' 2>/dev/null || echo dns-refused"
+        "python3 -c 'import socket; socket.getaddrinfo(\"egress-probe.invalid\", 443)' 2>/dev/null || echo dns-refused"
     )
     with get_runtime("docker") as rt:
         rt.start(spec)
@@ -125,7 +125,7 @@ def test_docker_without_a_proxy_has_no_route_out(tmp_path: Path) -> None:
     out = done.stdout.read_text()
     assert done.returncode == 0, done.stderr.read_text()
     assert "proxy-route" not in out and "dns-refused" in out
-    assert ("dns", "pypi.org") in {(a.kind, a.target) for a in attempts}
+    assert ("dns", "egress-probe.invalid") in {(a.kind, a.target) for a in attempts}
     assert not (spec.run_dir / "proxy.sock").exists()
 
 

@@ -126,7 +126,7 @@ def test_a_non_editable_install_reads_configs_and_tasks_from_package_data(instal
     assert "harness: codex" in cfg.stdout and "name: bundled" in cfg.stdout
 
     ids = ["polar__csvlite-1", INSTANCE]
-    tasks = site / "nemo_polar" / "data" / "swe_tasks"
+    tasks = site / "nemo_polar" / "data" / "swe_tasks" / "tasks"
     preds = tmp_path / "preds.jsonl"
     preds.write_text(
         "".join(

@@ -201,7 +201,7 @@ def test_no_network_but_the_relayed_proxy(rootfs: Path, tmp_path: Path) -> None:
     script = (
         f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}; printf 'GET /hello HTTP/1.0\\r\\n\\r\\n' >&3; tail -1 <&3; echo; "
         f"node -e \"require('http').get('http://127.0.0.1:{PROXY_PORT}/hello', r => r.pipe(process.stdout))\"; echo; "
-        "getent hosts github.com || echo dns-refused; "
+        "getent hosts egress-probe.invalid || echo dns-refused; "
         "exec 4<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT api.example.com:443 HTTP/1.1\\r\\n\\r\\n' >&4; head -1 <&4"
     )
     with BackgroundServer(app) as server, get_runtime("bwrap", image=IMAGE, workdir="/testbed") as rt:
@@ -211,5 +211,5 @@ def test_no_network_but_the_relayed_proxy(rootfs: Path, tmp_path: Path) -> None:
         assert rt.rootfs == image_rootfs(IMAGE)  # the one unpacked before (the image as rebuilt, if it was)
     assert out.count("hello through the relay") == 2
     assert "dns-refused" in out and "403 Forbidden" in out
-    assert ("dns", "github.com") in attempts
+    assert ("dns", "egress-probe.invalid") in attempts
     assert ("http", "CONNECT api.example.com:443 HTTP/1.1") in attempts

@@ -13,11 +13,12 @@ import pytest
 
 from nemo_polar.rewards import Evaluator, SWEInstance, bundled_instances, grade, load_instances, testlog
 from nemo_polar.rewards.grader import grade_many, swebench_report
-from nemo_polar.rewards.instance import load_hf
+from nemo_polar.rewards.instance import load_rows
 from nemo_polar.sandbox.workspace import git, prepare_workspace
 from tests.conftest import ProxyHandle
 
 INSTANCES = bundled_instances()
+TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"  # the bundled eval scripts' runner
 RUNTIMES = ["bwrap", "docker"]
 IDS = [i.instance_id for i in INSTANCES]
 
@@ -135,16 +136,24 @@ def _no_pytest_section(inst: SWEInstance) -> str:
     return _base(inst, "pyproject.toml").split("[tool.pytest.ini_options]")[0]
 
 
+def _with_test_command(inst: SWEInstance, test_command: str, setup: str = "") -> SWEInstance:
+    """The instance's eval script with another test command (and a setup step before the tests)."""
+    marker = ": '>>>>> Start Test Output'"
+    script = (inst.eval_script or "").replace(TEST_COMMAND, test_command).replace(marker, f"{setup}\n{marker}".lstrip())
+    assert script != inst.eval_script
+    return inst.model_copy(update={"eval_script": script})
+
+
 def _with_tree_on_path(inst: SWEInstance) -> SWEInstance:
     """The tree on sys.path from interpreter start, as an editable install puts it: site imports its sitecustomize."""
-    return inst.model_copy(update={"test_command": f"PYTHONPATH=. {inst.test_command}"})
+    return _with_test_command(inst, f"PYTHONPATH=. {TEST_COMMAND}")
 
 
 def _with_venv_in_tree(inst: SWEInstance) -> SWEInstance:
     """Tests run by a virtualenv inside the tree, set up by the instance: site reads the .pth files there."""
     site = f"lib/python{_python(inst)}/site-packages"
     setup = f"python -m venv --without-pip .venv && echo {inst.python_env}/{site} > .venv/{site}/task-env.pth"
-    return inst.model_copy(update={"setup_command": setup, "test_command": f".venv/bin/{inst.test_command}"})
+    return _with_test_command(inst, f".venv/bin/{TEST_COMMAND}", setup)
 
 
 def _unchecked_pyc(inst: SWEInstance, tmp: Path, source: str) -> bytes:
@@ -377,7 +386,7 @@ def test_loaders_accept_swebench_rows_and_name_bad_ones(tmp_path: Path) -> None:
     import datasets
 
     datasets.Dataset.from_list([row]).to_parquet(str(tmp_path / "verified.parquet"))
-    [from_hf] = load_hf(tmp_path / "verified.parquet")
+    [from_hf] = load_rows(tmp_path / "verified.parquet")
     assert from_hf.PASS_TO_PASS == inst.PASS_TO_PASS and from_hf.test_patch == inst.test_patch
 
     path.write_text(json.dumps(row) + "\n{not json\n")

@@ -145,7 +145,7 @@ def runs(proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathF
     history = converse(client, [{"role": "user", "content": "list the files"}], 2)
     history[0] = {"role": "user", "content": "list the files, briefly"}  # the harness rewrote its history
     converse(client, history, 1)
-    egress = [EgressAttempt(kind="dns", target="registry.npmjs.org", at=time.time())]
+    egress = [EgressAttempt(kind="dns", target="plugins.example.invalid", at=time.time())]
     broken_dir, broken_records = session_dir(
         root, proxy, broken["session_id"], "harness_error", error=f"exit 1: {SCRIPT}", egress=egress
     )
@@ -195,7 +195,7 @@ def test_report_renders_in_chromium(runs: dict[str, Any], tmp_path: Path) -> Non
     assert [e["text"] for e in page.by_class("grade-status")] == ["resolved"]
     assert "tests/test_calc.py::test_add PASSED" in page.by_class("grader-log")[0]["text"]
     assert any(e["text"] == "+return a + b" for e in page.by_class("add"))
-    assert "registry.npmjs.org" in dom and "init +0.10 s" in dom
+    assert "plugins.example.invalid" in dom and "init +0.10 s" in dom
 
     # every call of both sessions is listed; every trainable token is one span titled with its id and logprob
     calls = page.by_class("call")

@@ -194,6 +194,7 @@ class Proxy:
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
+            record.tokenize = the_plan.tokenize
             record.sampling = the_plan.sampling
             record.prompt_token_ids = list(the_plan.prompt_token_ids)
             gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id)

@@ -38,6 +38,7 @@ class Plan:
     parent: CallState | None = None
     render_reason: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
+    tokenize: str | None = None  # how the render was tokenized (continuation mode): tail:<chars> or full:<why>
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -64,7 +65,8 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         common["stream_options"] = {"include_usage": True}
 
     if mode == "continuation":
-        full = await renderer.render(conv.template_messages(), tools, kwargs)
+        full = await renderer.render(conv.template_messages(), tools, kwargs, session.token_cache)
+        tokenize = session.token_cache.how
         prompt = full
         if parent is not None:
             prompt, reason = _continue(parent, full, info.eot_id, engine.eot_token)
@@ -79,6 +81,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
             parent,
             reason,
             prompt,
+            tokenize,
         )
 
     messages = conv.template_messages()

@@ -61,6 +61,9 @@ class CallRecord(BaseModel):
     output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")
     started_at: float
     render_s: float | None = Field(default=None, description="time spent building the engine request")
+    tokenize: str | None = Field(
+        default=None, description="continuation mode: tail:<chars> (only the appended text tokenized) or full:<why>"
+    )
     finished_at: float | None = None
     status_code: int = 200
     error: str | None = None

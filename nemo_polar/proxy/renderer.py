@@ -10,9 +10,14 @@ arguments, a tool result, reasoning); otherwise the proxy keeps using ``/tokeniz
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
+import re
+import sys
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,8 +44,14 @@ class Renderer(Protocol):
     name: str
 
     async def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
-    ) -> list[int]: ...
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        cache: TokenCache | None = None,
+    ) -> list[int]:
+        """The prompt's ids; with a session's ``cache``, possibly by tokenizing only what is new (``cache.how``)."""
+        ...
 
 
 class EngineRenderer:
@@ -50,8 +61,14 @@ class EngineRenderer:
         self.engine = engine
 
     async def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        cache: TokenCache | None = None,
     ) -> list[int]:
+        if cache is not None:
+            cache.how = "full:engine_tokenize"
         return await self.engine.tokenize_chat(messages, tools, kwargs)
 
 
@@ -95,19 +112,133 @@ class LocalRenderer:
         template = model_dir / "chat_template.jinja"
         if template.exists():  # what `polar engine up` passes to vLLM as --chat-template
             self.tokenizer.chat_template = template.read_text()
+        self.tokenizer.model_max_length = 1 << 40  # a render is as long as its session: the engine checks the context
+        self.incremental = IncrementalEncoder.for_tokenizer(self.tokenizer)
 
     def render_sync(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        cache: TokenCache | None = None,
     ) -> list[int]:
         text = self.tokenizer.apply_chat_template(
             _as_vllm_sees_them(messages), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
         )
+        if cache is not None and self.incremental is not None:
+            return self.incremental.encode(text, cache)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        cache: TokenCache | None = None,
     ) -> list[int]:
-        return await asyncio.to_thread(self.render_sync, messages, tools, kwargs)
+        return await asyncio.to_thread(self.render_sync, messages, tools, kwargs, cache)
+
+
+@dataclass
+class TokenCache:
+    """One session's last rendered prompt: its text, its ids, and where each boundary token ends in both. Used and
+    replaced by :meth:`IncrementalEncoder.encode`; ``how`` says how the last prompt was tokenized."""
+
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    marks: list[tuple[int, int]] = field(default_factory=list)  # (char end, token end) after each boundary token
+    how: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class IncrementalEncoder:
+    """Tokenizes only what a render appended to the session's previous one.
+
+    Why the ids equal the full tokenization, at no cost of a full one: a Hugging Face fast tokenizer first splits
+    the text at its added tokens (matched on the raw text) and then normalizes, pre-tokenizes and BPE-encodes each
+    piece between them on its own. So when the new text extends the previous one's text up to the end of an added
+    token (here: one with no lstrip/rstrip/single_word, not normalized, and no prefix of another added token, so
+    no longer match can cross the cut), the ids up to there are the previous ids up to that token, and the rest
+    is the encoding of the rest. Where the cut cannot be proven (no such token in the common prefix, or the
+    previous ids did not show the added tokens where its text has them), the whole text is tokenized and
+    ``cache.how`` says why.
+    """
+
+    def __init__(self, tokenizer: Any, boundaries: dict[str, int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = set(boundaries.values())
+        self.by_text = boundaries
+        self.pattern = re.compile("|".join(re.escape(t) for t in sorted(boundaries, key=len, reverse=True)))
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any) -> IncrementalEncoder | None:
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        if not getattr(tokenizer, "is_fast", False) or not added:
+            return None
+        texts = [tok.content for tok in added.values()]
+        boundaries = {
+            tok.content: idx
+            for idx, tok in added.items()
+            if not (tok.lstrip or tok.rstrip or tok.single_word or tok.normalized)
+            and not any(tok.content in other[:-1] for other in texts)  # no other added token spans the cut
+        }
+        return cls(tokenizer, boundaries) if boundaries else None
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _marks(self, text: str, ids: list[int], start: tuple[int, int]) -> list[tuple[int, int]] | None:
+        """(char end, token end) of each boundary token, or None when text and ids do not show the same ones."""
+        at = [i for i, t in enumerate(ids) if t in self.ids]
+        found = list(self.pattern.finditer(text))
+        if len(found) != len(at) or any(self.by_text[m.group()] != ids[i] for m, i in zip(found, at, strict=True)):
+            return None
+        return [(start[0] + m.end(), start[1] + i + 1) for m, i in zip(found, at, strict=True)]
+
+    def encode(self, text: str, cache: TokenCache) -> list[int]:
+        with cache.lock:
+            cut, how = self._cut(cache, text)
+            if cut is None:
+                ids = self._encode(text)
+                marks = self._marks(text, ids, (0, 0))
+            else:
+                (chars, tokens), kept = cut
+                tail = self._encode(text[chars:])
+                tail_marks = self._marks(text[chars:], tail, (chars, tokens))
+                ids = cache.ids[:tokens] + tail
+                marks = None if tail_marks is None else kept + tail_marks
+            cache.text, cache.ids, cache.how = text, ids, how
+            cache.marks = marks or []
+            if marks is None:
+                cache.text = ""  # the next call cannot cut anywhere in this one
+            return ids
+
+    @staticmethod
+    def _cut(cache: TokenCache, text: str) -> tuple[tuple[tuple[int, int], list[tuple[int, int]]] | None, str]:
+        if not cache.text:
+            return None, "full:first"
+        common = _common_prefix(cache.text, text)
+        k = bisect.bisect_right(cache.marks, (common, sys.maxsize))
+        if k == 0:
+            return None, "full:no_boundary_in_common_prefix"
+        return (cache.marks[k - 1], cache.marks[:k]), f"tail:{len(text) - cache.marks[k - 1][0]}"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of a and b, by halving (slices compare in C)."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:

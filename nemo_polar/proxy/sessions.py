@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
 from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter, read_records
+from nemo_polar.proxy.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
 
 
@@ -87,6 +88,7 @@ class Session:
     # In-flight calls whose tool calls the harness already has: it may act on them (Codex starts its reviewer on a
     # finished tool-call item) before the call completes and commits.
     delivering: set[str] = field(default_factory=set)
+    token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
 
     def answered_calls(self) -> int:
         """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A

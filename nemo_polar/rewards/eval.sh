@@ -6,7 +6,8 @@
 # for them. Then the tests between SWE-bench's log markers, which only this script prints; the exit status is the
 # test command's.
 #  - a row with its own eval script (POLAR_ROW_EVAL): the script's setup part (environment, test files reset,
-#    test patch) and then its test command, in this shell, as swebench runs it (set -uxo pipefail);
+#    test patch) in this shell, as swebench runs it (set -uxo pipefail), then its test command in a child shell
+#    with what the setup set exported, under the test timeout;
 #  - otherwise: the instance's setup command, then its test command on the test files.
 # What runs before the start marker cannot print a marker: every ">>>>>" in its output is defused.
 # Repository code writes to a file, printed afterwards: a process it leaves behind cannot hold this command's
@@ -65,20 +66,18 @@ if [ -n "${POLAR_ROW_EVAL:-}" ]; then
   exec 3>&1
   out=$(mktemp)
   exec >"$out" 2>&1 </dev/null
+  set -a  # what the setup assigns is exported: the tests run in a child shell, under the test timeout
   set -x
   # shellcheck disable=SC1091
   source "$eval_dir/row_setup.sh"
-  set +x
+  set +x +a
   exec 1>&3 2>&3
   defuse <"$out"
   echo ">>>>> Start Test Output"
   out=$(mktemp)  # a new file: a process the setup left behind still holds the old one
   exec >"$out" 2>&1 </dev/null
-  set -x
-  # shellcheck disable=SC1091
-  source "$eval_dir/test.sh"
+  timeout -k 5 "$POLAR_TEST_TIMEOUT" bash -uxo pipefail "$eval_dir/test.sh"
   rc=$?
-  set +x
   exec 1>&3 2>&3
   cat "$out"
 else

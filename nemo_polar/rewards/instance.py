@@ -26,11 +26,6 @@ from nemo_polar.sandbox.workspace import Task
 DEFAULT_TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"
 
 
-def default_python_env() -> Path:
-    """The task environment ``make setup`` builds for the bundled instances: system Python 3 + pytest."""
-    return cache_dir() / "envs" / "py3-pytest"
-
-
 class SWEInstance(BaseModel):
     instance_id: str
     repo: str = Field(description="owner/name, as in SWE-bench")
@@ -45,7 +40,9 @@ class SWEInstance(BaseModel):
     # Where the environment comes from (see environment()).
     image: str | None = Field(default=None, description="the instance's image, the repository at /testbed")
     repo_path: Path | None = Field(default=None, description="local directory or git repository with the code")
-    python_env: Path | None = Field(default=None, description="a virtualenv mounted read-only, first on PATH")
+    python_env: Path | None = Field(
+        default=None, description="a virtualenv (or the name of one in $POLAR_CACHE/envs) mounted read-only, on PATH"
+    )
     # How it is graded: the row's own eval script, or (rows without one) the test command on the test files.
     eval_script: str | None = Field(default=None, description="SWE-bench 5's eval.sh: test patch, then the tests")
     eval_type: str = Field(default="pass_and_fail", description="swebench's EvalType")
@@ -124,19 +121,21 @@ def _validate(where: str, row: dict[str, Any], base: Path) -> SWEInstance:
         raise ValueError(f"{where}: not a valid instance: {exc}") from None
     if inst.repo_path is not None and not inst.repo_path.is_absolute():
         inst.repo_path = (base / inst.repo_path).resolve()
+    if inst.python_env is not None and not inst.python_env.is_absolute():
+        # a bare name is an environment `make task-env` built; any other relative path is the file's
+        named = len(inst.python_env.parts) == 1
+        inst.python_env = cache_dir() / "envs" / inst.python_env if named else (base / inst.python_env).resolve()
     return inst
 
 
-def load_jsonl(path: Path) -> list[SWEInstance]:
-    """A JSONL file of instances; ``repo_path`` may be relative to the file. Errors name file and line."""
-    if not path.is_file():
+def read_rows(path: Path, split: str = "test") -> list[tuple[str, dict[str, Any]]]:
+    """The raw rows of a JSONL file or of local Hugging Face dataset files (parquet/json, or a ``save_to_disk``
+    directory, e.g. a downloaded SWE-bench Verified or SWE-Gym; no hub access needed), each with where it is
+    (``file:line`` or ``file[i]``) for error messages."""
+    if not path.exists():
         raise FileNotFoundError(f"instances file {path} does not exist")
-    return [_validate(where, row, path.parent) for where, row in _rows_from_jsonl(path)]
-
-
-def load_hf(path: Path, split: str = "test") -> list[SWEInstance]:
-    """Local Hugging Face dataset files (parquet/json/jsonl, or a ``save_to_disk`` directory), e.g. a downloaded
-    SWE-bench Verified or SWE-Gym; no hub access needed."""
+    if path.suffix == ".jsonl":
+        return list(_rows_from_jsonl(path))
     import datasets
 
     if path.is_dir() and (path / "dataset_info.json").exists():
@@ -148,7 +147,12 @@ def load_hf(path: Path, split: str = "test") -> list[SWEInstance]:
         ds = datasets.load_dataset(kind, data_files=str(path))
     if isinstance(ds, datasets.DatasetDict):
         ds = ds[split] if split in ds else ds[next(iter(ds))]
-    return [_validate(f"{path}[{i}]", dict(row), path.parent) for i, row in enumerate(ds)]
+    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
+
+
+def load_rows(path: Path, split: str = "test") -> list[SWEInstance]:
+    """Instances from :func:`read_rows`; ``repo_path`` may be relative to the file. Errors name file and row."""
+    return [_validate(where, row, path.parent) for where, row in read_rows(path, split)]
 
 
 def load_task_repo(path: Path) -> list[SWEInstance]:
@@ -167,18 +171,14 @@ def load_task_repo(path: Path) -> list[SWEInstance]:
 
 
 def is_task_dir(path: Path) -> bool:
-    """A SWE-bench 5 task directory (it has ``tests.json``) or a task repo holding them."""
-    return (path / "tasks").is_dir() or ((path / "task.yaml").is_file() and (path / "tests.json").is_file())
+    """A SWE-bench 5 task directory (it has ``task.yaml``) or a task repo holding them."""
+    return (path / "tasks").is_dir() or (path / "task.yaml").is_file()
 
 
 def load_instances(path: Path) -> list[SWEInstance]:
     if path.is_dir() and is_task_dir(path):
         return load_task_repo(path)
-    if path.is_dir() and (path / "task.yaml").exists():
-        return [load_bundled(path)]
-    if path.suffix == ".jsonl" or path.suffix == ".json":
-        return load_jsonl(path) if path.suffix == ".jsonl" else load_hf(path)
-    return load_hf(path)
+    return load_rows(path)
 
 
 def select_instances(
@@ -199,24 +199,12 @@ def select_instances(
     return instances
 
 
-# -- bundled instances: examples/tasks/swe/<id>/{task.yaml, repo/, gold.patch, test.patch} --------------------------
+# -- bundled instances: a task repo, examples/tasks/swe/tasks/<id>/ (each with its checkout in repo/) ---------------
 def bundled_dir() -> Path:
     from nemo_polar.paths import bundled_tasks_dir
 
     return bundled_tasks_dir()
 
 
-def load_bundled(task_dir: Path) -> SWEInstance:
-    meta = yaml.safe_load((task_dir / "task.yaml").read_text())
-    row = {
-        **{k: v for k, v in meta.items() if k != "test_files"},
-        "patch": (task_dir / "gold.patch").read_text(),
-        "test_patch": (task_dir / "test.patch").read_text(),
-        "repo_path": task_dir / "repo",
-        "python_env": default_python_env(),
-    }
-    return _validate(str(task_dir / "task.yaml"), row, task_dir)
-
-
 def bundled_instances() -> list[SWEInstance]:
-    return [load_bundled(d) for d in sorted(bundled_dir().iterdir()) if (d / "task.yaml").exists()]
+    return load_task_repo(bundled_dir())

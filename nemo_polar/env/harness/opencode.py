@@ -38,7 +38,7 @@ class OpenCode(Harness):
             "OPENCODE_CONFIG_CONTENT": json.dumps(config),
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
-            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",  # else it asks registry.npmjs.org for plugin packages
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",  # else it asks the npm registry for plugin packages
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             "OPENCODE_DISABLE_SHARE": "1",
         }

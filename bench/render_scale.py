@@ -1,0 +1,120 @@
+"""Per-call render cost at real session sizes: a session of ``--calls`` calls whose history grows to ``--context``
+tokens (each call appends a sampled assistant turn and a tool result), rendered as the proxy renders it in
+continuation mode (Qwen3 tokenizer and chat template of tiny-qwen3, in process; no engine: this is the proxy's own
+CPU work). Two ways side by side on the same renders: the whole text tokenized on every call, and only what the
+call appended (``IncrementalEncoder``, the proxy's way), whose ids must equal the full ones on every call. Printed:
+ms per call at the last calls, and the exponent of per-call time against context length (0 = flat, 1 = linear in
+the context). The last line is the incremental render's ms per call at full size.
+
+    python -m bench.render_scale [--calls 200] [--context 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import time
+from typing import Any
+
+from bench.common import report
+from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
+
+WORDS = [
+    "def",
+    "class",
+    "return",
+    "import",
+    "self",
+    "value",
+    "error",
+    "test",
+    "file",
+    "path",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "for",
+    "if",
+    "else",
+    "while",
+]
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    lines = []
+    while tokens > 0:
+        n = rng.randrange(4, 14)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(n)))
+        tokens -= n + 1
+    return "\n".join(lines)
+
+
+def fit_exponent(points: list[tuple[float, float]]) -> float:
+    """Slope of log(time) against log(context)."""
+    xs = [math.log(x) for x, _ in points]
+    ys = [math.log(y) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--context", type=int, default=65536)
+    args = parser.parse_args()
+    local = LocalRenderer(cache_dir() / "models" / "tiny-qwen3")
+    rng = random.Random(0)
+    step = args.context // args.calls
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " + text(rng, 1500)},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    cache = TokenCache()
+    rows: list[tuple[int, float, float, float]] = []  # (context tokens, template ms, full ms, incremental ms)
+    tails = 0
+    for i in range(args.calls):
+        t0 = time.perf_counter()
+        local.tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
+        t1 = time.perf_counter()
+        full = local.render_sync(messages, PROBE_TOOLS, {})
+        t2 = time.perf_counter()
+        incremental = local.render_sync(messages, PROBE_TOOLS, {}, cache)
+        t3 = time.perf_counter()
+        assert incremental == full, f"call {i}: incremental ids differ from the full tokenization ({cache.how})"
+        tails += cache.how.startswith("tail:")
+        rows.append((len(full), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
+        messages.append({"role": "assistant", "content": text(rng, step // 4), "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": text(rng, 3 * step // 4)})
+    last = rows[-10:]
+    ctx = sum(r[0] for r in last) / len(last)
+    template_ms, full_ms, inc_ms = (sum(r[k] for r in last) / len(last) for k in (1, 2, 3))
+    later = [r for r in rows if r[0] >= rows[-1][0] / 8]  # past the fixed system prompt's share
+    exp_full = fit_exponent([(r[0], r[2]) for r in later])
+    exp_inc = fit_exponent([(r[0], r[3]) for r in later])
+    print(f"{args.calls} calls, context {rows[0][0]} -> {rows[-1][0]} tokens; {tails}/{args.calls} tokenized the tail")
+    print(f"last 10 calls (~{ctx:.0f} tokens): template {template_ms:.1f} ms (in both)")
+    print(f"  full tokenization   {full_ms:7.1f} ms/call   exponent vs context {exp_full:.2f}")
+    print(f"  incremental         {inc_ms:7.1f} ms/call   exponent vs context {exp_inc:.2f}")
+    figures = {
+        "context_tokens": round(ctx),
+        "full_ms": round(full_ms, 2),
+        "incremental_ms": round(inc_ms, 2),
+        "speedup": round(full_ms / inc_ms, 1),
+        "exponent_full": round(exp_full, 2),
+        "exponent_incremental": round(exp_inc, 2),
+    }
+    report(
+        "render_scale",
+        figures,
+        f"per-call render at {ctx / 1000:.0f}k tokens: {inc_ms:.1f} ms incremental vs {full_ms:.1f} ms full "
+        f"({full_ms / inc_ms:.1f}x; exponent {exp_inc:.2f} vs {exp_full:.2f})",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The proxy tokenizes only what a render appended to the session's previous one (IncrementalEncoder): the ids must
+equal the full tokenization of every render, whatever the conversation does — grows, rewrites its history (the
+Qwen3 template drops earlier turns' reasoning), carries special-token text, combining characters or odd whitespace
+right after a turn boundary — for each offline model's real tokenizer and chat template."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.renderer import PROBE_TOOLS, IncrementalEncoder, LocalRenderer, TokenCache
+
+MODELS = ["tiny-qwen3", "smollm2-135m-instruct"]
+NASTY = [
+    "<|im_end|>",  # special-token text inside content
+    "\u0338 after a boundary",  # combining long solidus: composes with '>' under NFC
+    "\n\n\n  indented\n",
+    "Ünïcödé — 日本語 🙂",
+    " leading space",
+    "<think>not a thought</think>",
+    "",
+]
+
+
+def renderer(name: str) -> LocalRenderer:
+    path = cache_dir() / "models" / name
+    if not (path / "tokenizer_config.json").exists():
+        pytest.fail(f"{path} missing: make models")
+    return LocalRenderer(path)
+
+
+def grow(rng: random.Random, messages: list[dict[str, Any]], turn: int) -> None:
+    """One agent step: an assistant turn (text, reasoning or a tool call), then a tool result or a user message."""
+    text = rng.choice(NASTY) + f" step {turn} " + "word " * rng.randrange(0, 40)
+    kind = rng.randrange(3)
+    if kind == 0:
+        messages.append({"role": "assistant", "content": text})
+        messages.append({"role": "user", "content": rng.choice(NASTY) + f" ok {turn}"})
+    else:
+        call = {"id": f"c{turn}", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+        reasoning = {"reasoning_content": f"think {turn} " + rng.choice(NASTY)} if kind == 2 else {}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call], **reasoning})
+        messages.append({"role": "tool", "tool_call_id": f"c{turn}", "content": text})
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_incremental_ids_equal_the_full_tokenization(model: str) -> None:
+    local = renderer(model)
+    assert local.incremental is not None, "the model's tokenizer has boundary tokens"
+    hows: list[str] = []
+    for seed in range(3):
+        rng = random.Random(seed)
+        cache = TokenCache()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+        messages.append({"role": "user", "content": rng.choice(NASTY) + " fix the bug"})
+        for turn in range(40):
+            tools = PROBE_TOOLS if seed != 1 else None
+            full = local.render_sync(messages, tools, {})  # no cache: the whole text tokenized
+            assert local.render_sync(messages, tools, {}, cache) == full, (model, seed, turn, cache.how)
+            hows.append(cache.how)
+            grow(rng, messages, turn)
+    tails = sum(h.startswith("tail:") for h in hows)
+    assert hows[0] == "full:first" and tails >= len(hows) - 3 * 2, hows  # all but each session's first call(s)
+
+
+def test_a_cut_is_never_made_where_it_cannot_be_proven() -> None:
+    """A rewritten history with no boundary left in common, and text whose ids do not show its boundary tokens
+    (an added token that is normalized or strips), fall back to the full tokenization and say why."""
+    local = renderer(MODELS[0])
+    enc = local.incremental
+    assert isinstance(enc, IncrementalEncoder)
+    cache = TokenCache()
+    assert enc.encode("<|im_start|>user\nhello<|im_end|>\n", cache) == local.encode(
+        "<|im_start|>user\nhello<|im_end|>\n"
+    )
+    assert cache.how == "full:first"
+    assert enc.encode("<|im_start|>user\nhello<|im_end|>\nmore", cache) == local.encode(
+        "<|im_start|>user\nhello<|im_end|>\nmore"
+    )
+    assert cache.how == f"tail:{len(chr(10) + 'more')}"  # from the end of <|im_end|>
+    rewritten = "<|endoftext|>system\nnew<|im_end|>\n"  # shares only "<|" with the last one
+    assert enc.encode(rewritten, cache) == local.encode(rewritten) and cache.how == "full:no_boundary_in_common_prefix"
+    assert enc._marks("<|im_end|>", [1, 2], (0, 0)) is None  # ids that do not show the text's boundary token
+    for tok in local.tokenizer.added_tokens_decoder.values():
+        if tok.content in enc.by_text:
+            assert not (tok.lstrip or tok.rstrip or tok.normalized or tok.single_word)
+
+
+def test_renderers_without_boundary_tokens_render_in_full(tmp_path: Path) -> None:
+    class Slow:  # not a fast tokenizer: no proof of where its pieces split
+        is_fast = False
+        added_tokens_decoder: ClassVar[dict[int, object]] = {0: object()}
+
+    assert IncrementalEncoder.for_tokenizer(Slow()) is None
