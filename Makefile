@@ -75,6 +75,11 @@ lint: venv
 test: setup lint
 	$(BIN)/pytest -q
 
+# The same suite beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).
+.PHONY: test-loaded
+test-loaded: setup lint
+	bash scripts/test_loaded.sh $(PYTEST_ARGS)
+
 demo: setup
 	$(BIN)/python examples/demo.py
 

@@ -4,7 +4,9 @@ and per request. Real sessions are 50-200 calls with 30k-100k-token contexts.
 
 The records are synthetic — shaped exactly like the proxy's (every prompt extends its parent's prompt + sampled ids)
 — because what is measured is the builders' work, which only depends on the token arrays; they go through a JSONL
-file and ``load_records`` as real ones do (so no token object is shared between records). The cost must be linear
+file as the proxy writes it (each prompt stored as what it adds to its parent's) and ``load_records`` as real ones
+do (so no token object is shared between records); the bytes that file takes per unique session token are printed
+beside those of full records. The cost must be linear
 in the tokens the records hold: two sizes are built side by side, interleaved, and the exponent of time against
 total tokens is printed (1.0 = linear, 2.0 = quadratic). The last line is prefix merging's calls/s at full size.
 
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import report
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.records import CallRecord, RecordWriter
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.io import load_records
@@ -57,11 +59,21 @@ def session(sid: str, calls: int, context: int, rng: random.Random) -> list[Call
     return records
 
 
+STORED: list[tuple[int, int, int]] = []  # (bytes on disk, bytes as full records, unique tokens) per session
+
+
 def through_disk(records: list[CallRecord]) -> list[CallRecord]:
+    """Written as the proxy writes them (a prompt stored as what it adds to its parent's), read back whole."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.jsonl"
-        path.write_text("".join(r.model_dump_json() + "\n" for r in records))
+        writer = RecordWriter(path)
+        with path.open("w") as fh:
+            fh.write("".join(writer.line(r) for r in records))
         [loaded] = load_records([path]).values()
+        full = sum(len(r.model_dump_json()) + 1 for r in records)
+        STORED.append(
+            (path.stat().st_size, full, len(records[-1].prompt_token_ids) + len(records[-1].sampled_token_ids))
+        )
     return loaded
 
 
@@ -108,6 +120,12 @@ def main() -> None:
             f"{calls / t_full:,.0f} calls/s, {n_full / t_full / 1e6:,.1f} M record tokens/s; "
             f"time ~ tokens^{exponent:.2f} ({n_half / 1e6:.1f} M -> {n_full / 1e6:.1f} M tokens)"
         )
+    stored, full, unique = (sum(x[k] for x in STORED[-args.sessions :]) for k in range(3))
+    figures["bytes_per_unique_token"] = stored / unique
+    figures["full_record_bytes_per_unique_token"] = full / unique
+    print(
+        f"records on disk: {stored / unique:.1f} bytes per unique session token ({full / unique:.0f} as full records)"
+    )
     report(
         "reconstruct",
         figures,

@@ -93,6 +93,14 @@ SPECS: dict[str, Spec] = {
         [("full ms", "full_ms"), ("incremental ms", "incremental_ms")],
         10,
     ),
+    "session_scale": Spec(
+        "200-call sessions growing to 64k and 128k tokens through `polar proxy` (stub engine: the proxy's own work), "
+        "then 256 concurrent sessions at 32k",
+        "python -m bench.session_scale",
+        "records ≤ 10 B per unique token",
+        lambda f: f["bytes_per_unique_token_64k"] <= 10,
+        [("CPU ms/call 64k", "cpu_ms_per_call_64k"), ("CPU ms/call 128k", "cpu_ms_per_call_128k")],
+    ),
     "staging": Spec(
         "24 sessions (INIT 1 s and POSTRUN 1 s simulated by sleeps, RUN 3 s of real generations), 2 run slots",
         "python -m bench.staging",

@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES: list[tuple[str, str, list[str]]] = [
     ("reconstruct", "bench.reconstruct", []),
     ("render_scale", "bench.render_scale", []),
+    ("session_scale", "bench.session_scale", []),
     ("proxy_overhead", "bench.proxy_overhead", []),
     ("proxy_overhead_chat", "bench.proxy_overhead", ["--mode", "chat"]),
     ("stream_ttfb", "bench.stream_ttfb", []),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from nemo_polar.engine.launcher import stop_group, wait_healthy
 from tests.conftest import free_port
@@ -121,6 +122,17 @@ def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> Non
         finally:
             stop_group(proc.pid, 10)
             proc.wait()
+
+
+def test_clients_take_the_admin_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollout config, the Gym agent and `polar generate` name a running proxy without its token on argv."""
+    from nemo_polar.proxy.client import ProxyClient
+
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "-from-the-environment")
+    assert ProxyClient(url="http://m", admin_url="http://a").admin_token == "-from-the-environment"
+    assert ProxyClient(url="http://m", admin_url="http://a", admin_token="given").admin_token == "given"
+    monkeypatch.delenv("POLAR_ADMIN_TOKEN")
+    assert ProxyClient(url="http://m", admin_url="http://a").admin_token is None
 
 
 def test_unreadable_admin_token_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ class _Engine:
 
 
 class _Renderer:
-    async def render(self, messages: Any, tools: Any, kwargs: Any) -> list[int]:
+    async def render(self, messages: Any, tools: Any, kwargs: Any, cache: Any = None) -> list[int]:
         return [1, 2, 3]
 
 

@@ -104,7 +104,7 @@ def serve_proxy(
     if url or admin_url:
         if not (url and admin_url):
             raise ValueError("a running proxy needs both its model API url and its admin_url (separate listeners)")
-        yield ProxyClient(url=url, admin_url=admin_url, admin_token=admin_token)
+        yield ProxyClient(url=url, admin_url=admin_url, **({"admin_token": admin_token} if admin_token else {}))
         return
     if not engine:
         raise ValueError("no policy engine: pass an engine URL or a running proxy's URL")

@@ -7,6 +7,7 @@ send from inside a sandbox reaches a control route.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -33,7 +34,10 @@ def _http() -> httpx.Client:
 class ProxyClient(BaseModel):
     url: str = Field(description="the model API (what harnesses call), as the host reaches it")
     admin_url: str = Field(description="the admin API: sessions, records, pause/resume, metrics")
-    admin_token: str | None = None
+    admin_token: str | None = Field(
+        default_factory=lambda: os.environ.get("POLAR_ADMIN_TOKEN") or None,
+        description="the admin API's bearer token; by default $POLAR_ADMIN_TOKEN (a secret never needs argv)",
+    )
 
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nemo_polar.proxy.engine_client import EngineClient
+from nemo_polar.proxy.prefix import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -220,25 +221,11 @@ class IncrementalEncoder:
     def _cut(cache: TokenCache, text: str) -> tuple[tuple[tuple[int, int], list[tuple[int, int]]] | None, str]:
         if not cache.text:
             return None, "full:first"
-        common = _common_prefix(cache.text, text)
+        common = common_prefix(cache.text, text)
         k = bisect.bisect_right(cache.marks, (common, sys.maxsize))
         if k == 0:
             return None, "full:no_boundary_in_common_prefix"
         return (cache.marks[k - 1], cache.marks[:k]), f"tail:{len(text) - cache.marks[k - 1][0]}"
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix of a and b, by halving (slices compare in C)."""
-    if b.startswith(a):
-        return len(a)
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:

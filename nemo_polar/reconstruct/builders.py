@@ -153,6 +153,8 @@ def _extends(child: CallRecord, parent: CallRecord) -> bool:
     """``child``'s prompt starts with ``parent``'s prompt + sampled ids. The short sampled part is compared first
     (most mismatches show there) and the parent's full sequence is never built: this runs once per call on contexts
     of up to 100k tokens."""
+    if child.extends(parent):  # proven when the record was read (its prompt was stored as a delta of parent's)
+        return True
     prompt, before, sampled = child.prompt_token_ids, parent.prompt_token_ids, parent.sampled_token_ids
     n = len(before)
     if n + len(sampled) > len(prompt) or prompt[n : n + len(sampled)] != sampled:

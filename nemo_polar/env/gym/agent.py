@@ -388,10 +388,11 @@ class PolarAgent(SimpleResponsesAPIAgent):
     def _proxy_client(self) -> ProxyClient:
         if self.config.proxy_url:
             assert self.config.proxy_admin_url is not None
-            return ProxyClient(
+            token = self.config.proxy_admin_token
+            return ProxyClient(  # no token configured: $POLAR_ADMIN_TOKEN (Gym passes configs on argv)
                 url=self.config.proxy_url,
                 admin_url=self.config.proxy_admin_url,
-                admin_token=self.config.proxy_admin_token,
+                **({"admin_token": token} if token else {}),
             )
         with self._lock:
             if not self._proxies:

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -54,7 +55,7 @@ from nemo_gym.token_id_capture.store import validate_rollout_id
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.gym.tokens import export_rollout
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.records import CallRecord, RecordReader
 from nemo_polar.proxy.sessions import SESSION_ID
 
 SUBDIR = "gym-tokens"
@@ -164,10 +165,11 @@ class PolarTokenStore:
     def _proxy_records(self, lines: dict[str, bytes]) -> list[CallRecord]:
         records = []
         for session_id, data in lines.items():
+            reader = RecordReader()  # one per file: a prompt may be stored against an earlier line of it
             for lineno, line in enumerate(data.splitlines(), 1):
                 if line.strip():
                     try:
-                        records.append(CallRecord.model_validate_json(line))
+                        records.append(reader.decode(json.loads(line)))
                     except ValueError as exc:
                         path = self.record_dir / f"{session_id}.jsonl"
                         raise ValueError(f"{path}:{lineno}: not a readable call record: {exc}") from None

@@ -1,0 +1,204 @@
+"""Real session sizes through the real proxy (``polar proxy`` in its own process, continuation mode, the Qwen
+tokenizer and template of tiny-qwen3) in front of a **stub engine**: it answers ``/v1/completions`` like vLLM (the
+prompt's ids echoed, a fixed short reply with ids and logprobs) and does no model work, so every figure is the
+proxy's own. A 200-call chat session whose history grows to 64k tokens, then one to 128k: the proxy process's CPU
+time per call (user + system, from /proc) against the context length and its fitted exponent; the bytes its records
+take on disk per unique session token; prefix merging's calls/s on them. Then ``--sessions`` concurrent sessions at
+32k-token contexts: the proxy's sustained calls/s. The last line is the per-call CPU at 64k.
+
+    python -m bench.session_scale [--calls 200] [--sessions 256] [--concurrent-context 32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI, Request
+
+from bench.common import cpu_seconds, new_session, proxy, report
+from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.renderer import LocalRenderer
+from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.io import load_records
+
+MODEL = cache_dir() / "models" / "tiny-qwen3"
+REPLY = "Ran it; next step."
+WORDS = [
+    "def",
+    "return",
+    "self",
+    "value",
+    "error",
+    "path",
+    "test",
+    "file",
+    "line",
+    "import",
+    "class",
+    "assert",
+    "none",
+    "true",
+    "false",
+    "raise",
+]
+
+
+def stub_engine(local: LocalRenderer) -> FastAPI:
+    """A stub engine (no model): vLLM's answers, in shape, for what the proxy asks."""
+    app = FastAPI()
+    reply_ids = [*local.encode(REPLY), 151645]
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"data": [{"id": "tiny-qwen3", "max_model_len": 1 << 20, "root": str(MODEL)}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        if "messages" in body:  # the proxy's probe of its local renderer
+            return {"tokens": local.render_sync(body["messages"], body.get("tools"), {})}
+        return {"tokens": local.encode(body["prompt"])}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        choice = {
+            "index": 0,
+            "text": REPLY,
+            "token_ids": reply_ids,
+            "prompt_token_ids": body["prompt"],
+            "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.5] * len(reply_ids)},
+        }
+        return {"choices": [choice], "usage": {"prompt_tokens": len(body["prompt"])}}
+
+    return app
+
+
+def tool_output(rng: random.Random, tokens: int) -> str:
+    lines, n = [], 0
+    while n < tokens:
+        words = [rng.choice(WORDS) for _ in range(rng.randrange(4, 12))]
+        lines.append(" ".join(words))
+        n += len(words) + 1
+    return "\n".join(lines)
+
+
+async def call(http: aiohttp.ClientSession, url: str, key: str, messages: list[dict[str, Any]]) -> str:
+    body = {"model": "local-model", "messages": messages, "max_tokens": 16}
+    async with http.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}) as resp:
+        resp.raise_for_status()
+        return (await resp.json())["choices"][0]["message"]["content"]
+
+
+def fit_exponent(points: list[tuple[float, float]]) -> float:
+    xs, ys = [math.log(x) for x, _ in points], [math.log(max(y, 1e-6)) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+async def one_session(url: str, key: str, pid: int, calls: int, context: int, seed: int) -> list[tuple[int, float]]:
+    """(context tokens at the call, proxy CPU seconds of the call) per call."""
+    rng = random.Random(seed)
+    step = context // calls
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " + tool_output(rng, 1000)},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    points = []
+    async with aiohttp.ClientSession() as http:
+        for i in range(calls):
+            before = cpu_seconds(pid)
+            reply = await call(http, url, key, messages)
+            points.append((1000 + i * step, cpu_seconds(pid) - before))
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": tool_output(rng, step)}]
+    return points
+
+
+async def sustained(url: str, keys: list[str], context: int, rounds: int) -> float:
+    """Calls/s over ``rounds`` rounds of one call per session, every session's history already at ``context``."""
+    rng = random.Random(1)
+    histories = [
+        [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": tool_output(rng, context)},
+        ]
+        for _ in keys
+    ]
+    connector = aiohttp.TCPConnector(limit=len(keys))
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
+
+        async def step(i: int) -> None:
+            reply = await call(http, url, keys[i], histories[i])
+            histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
+
+        await asyncio.gather(*(step(i) for i in range(len(keys))))  # the first calls render whole histories
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            await asyncio.gather(*(step(i) for i in range(len(keys))))
+        return rounds * len(keys) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[65536, 131072])
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--concurrent-context", type=int, default=32768)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    local = LocalRenderer(MODEL)
+    figures: dict[str, float] = {}
+    cpu: dict[str, Any] = {}
+    with BackgroundServer(stub_engine(local)) as engine, proxy(engine.url, cpu) as client:
+        pid = cpu["proxy_pid"]
+        for context in args.contexts:
+            session_id, key = client.create_session({"mode": "continuation"})
+            points = asyncio.run(one_session(client.url, key, pid, args.calls, context, context))
+            # /proc counts CPU in clock ticks (10 ms): per-call figures are means over blocks of 10 calls
+            blocks = [points[i : i + 10] for i in range(0, len(points) - 9, 10)]
+            means = [(sum(x for x, _ in b) / len(b), sum(c for _, c in b) / len(b)) for b in blocks]
+            last_ms = 1000 * means[-1][1]
+            exponent = fit_exponent([m for m in means if m[0] >= context / 8])
+            path = Path(cpu["record_dir"]) / f"{session_id}.jsonl"
+            [records] = load_records([path]).values()
+            unique = len(records[-1].prompt_token_ids) + len(records[-1].sampled_token_ids)
+            t0 = time.perf_counter()
+            prefix_merging(records)
+            merge_calls_s = len(records) / (time.perf_counter() - t0)
+            k = f"{context // 1024}k"
+            figures |= {
+                f"cpu_ms_per_call_{k}": last_ms,
+                f"cpu_exponent_{k}": exponent,
+                f"bytes_per_unique_token_{k}": path.stat().st_size / unique,
+                f"merge_calls_per_s_{k}": merge_calls_s,
+            }
+            print(
+                f"{args.calls} calls to {unique:,} tokens: proxy CPU {last_ms:.1f} ms/call at the end, "
+                f"~ context^{exponent:.2f}; records {path.stat().st_size / unique:.1f} bytes per unique token; "
+                f"prefix merging {merge_calls_s:,.0f} calls/s"
+            )
+        keys = [new_session(client, mode="continuation") for _ in range(args.sessions)]
+        rate = asyncio.run(sustained(client.url, keys, args.concurrent_context, args.rounds))
+        figures["sustained_calls_per_s"] = rate
+        print(f"{args.sessions} concurrent sessions at {args.concurrent_context:,}-token contexts: {rate:.1f} calls/s")
+    k = f"{args.contexts[0] // 1024}k"
+    report(
+        "session_scale",
+        {name: round(value, 3) for name, value in figures.items()},
+        f"proxy CPU per call at {k}: {figures[f'cpu_ms_per_call_{k}']:.1f} ms (~ context^"
+        f"{figures[f'cpu_exponent_{k}']:.2f}), records {figures[f'bytes_per_unique_token_{k}']:.1f} B/token, "
+        f"{rate:.0f} calls/s at {args.sessions} sessions",
+    )
+
+
+if __name__ == "__main__":
+    main()

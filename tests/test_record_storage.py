@@ -1,0 +1,132 @@
+"""Records grow with a session's new tokens: a prompt that extends an earlier record's prompt (+ its sampled ids) is
+stored as what it adds (``prompt_from``), and every reader gets the full record back, checked against the digest it
+was written with. Full (version 1) records still load; a damaged delta is an error naming file and line."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from nemo_polar.proxy.records import CallRecord, RecordWriter, prompt_digest, read_records
+from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.io import load_records
+
+EOT = 151645
+
+
+TOOLS = [{"type": "function", "function": {"name": f"tool{i}", "description": "does things " * 40}} for i in range(8)]
+
+
+def grown_session(calls: int, step: int, seed: int = 0) -> list[CallRecord]:
+    """A continuation-mode session as a harness drives it: each request resends the whole history (tools and options
+    after it, Ünïcode in it), each prompt is the last prompt + its sampled ids + a tool result."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1000, 150000) for _ in range(500)]
+    messages: list[dict] = [{"role": "system", "content": "You are a coding agent. Ünïcode ✓"}]
+    records: list[CallRecord] = []
+    for i in range(calls):
+        messages.append({"role": "user" if i == 0 else "tool", "content": f"result {i} " + "x" * (3 * step)})
+        sampled = [rng.randrange(1000, 150000) for _ in range(step // 4)] + [EOT]
+        records.append(
+            CallRecord(
+                call_id=f"c{i:03d}",
+                session_id="s",
+                api="chat",
+                mode="continuation",
+                request={"model": "m", "messages": list(messages), "tools": TOOLS, "stream": True},
+                prompt_token_ids=prompt,
+                sampled_token_ids=sampled,
+                sampled_logprobs=[-0.25] * len(sampled),
+                finish_reason="stop",
+                started_at=float(i),
+                complete=True,
+                parent_call_id=records[-1].call_id if records else None,
+            )
+        )
+        prompt = prompt + sampled + [rng.randrange(1000, 150000) for _ in range(step)]
+        messages.append({"role": "assistant", "content": f"turn {i} " + "y" * step})
+    return records
+
+
+def write(records: list[CallRecord], path: Path) -> Path:
+    writer = RecordWriter(path)
+
+    async def go() -> None:
+        for rec in records:
+            await writer.append(rec)
+
+    asyncio.run(go())
+    return path
+
+
+def test_records_are_stored_as_deltas_and_read_back_whole(tmp_path: Path) -> None:
+    records = grown_session(60, 200)
+    path = write(records, tmp_path / "s.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "prompt_token_ids" in lines[0] and all("prompt_from" in line for line in lines[1:])
+    assert all("prompt_token_ids" not in line and "request" not in line for line in lines[1:])
+    assert all(line["request_from"]["text"].count('"role"') == 2 for line in lines[1:])  # the two new messages
+    assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in records]
+    [loaded] = load_records([path]).values()
+    assert len(prefix_merging(loaded).traces) == 1
+    # The reader proved each prefix while rebuilding it: the builders need not compare the whole lists again. The
+    # proof is of the lists as read; a record changed since (a new prompt) is compared as any other.
+    assert all(b.extends(a) for a, b in itertools.pairwise(loaded))
+    changed = loaded[5].model_copy(update={"prompt_token_ids": [*loaded[5].prompt_token_ids[:-1], 1]})
+    assert changed.extends(loaded[4]) is None and loaded[5].extends(loaded[3]) is None
+    built = prefix_merging([*loaded[:5], changed, *loaded[6:]])
+    assert len(built.traces) > 1 and built.break_reasons  # the change is seen, not vouched for
+    full = sum(len(r.model_dump_json()) + 1 for r in records)
+    unique = len(records[-1].prompt_token_ids) + len(records[-1].sampled_token_ids)
+    stored = path.stat().st_size
+    print(f"{stored / unique:.1f} bytes per unique token stored, {full / unique:.1f} as full records")
+    assert stored < full / 10  # 60 calls: the full records repeat the context ~30 times
+
+
+def test_only_what_extends_is_stored_as_a_delta(tmp_path: Path) -> None:
+    """A prompt that keeps the parent's prompt but not its sampled ids (the history re-rendered) keeps only the
+    prompt; one that shares nothing, or names no written parent, is stored whole."""
+    a, b, c, d = grown_session(4, 40)
+    b = b.model_copy(update={"prompt_token_ids": [*a.prompt_token_ids, 7, 8, 9]})
+    c = c.model_copy(update={"prompt_token_ids": [5, 6], "parent_call_id": b.call_id})
+    d = d.model_copy(update={"parent_call_id": "never-written"})
+    path = write([a, b, c, d], tmp_path / "s.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[1]["prompt_from"] == {
+        "call": a.call_id,
+        "keep": len(a.prompt_token_ids),
+        "tail": [7, 8, 9],
+        "sha256": prompt_digest(b.prompt_token_ids),
+    }
+    assert "prompt_from" not in lines[2] and "prompt_from" not in lines[3]
+    assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in (a, b, c, d)]
+    # A parent whose request changed in memory after it was written is not what a reader has: the child's request is
+    # stored whole.
+    e, f = grown_session(2, 40, seed=1)
+    writer = RecordWriter(tmp_path / "changed.jsonl")
+    writer.line(e)
+    e.request["messages"].append({"role": "user", "content": "added after the write"})
+    assert '"request_from"' not in writer.line(f) and '"prompt_from"' in writer.line(f)
+
+
+def test_a_damaged_delta_is_named_not_misread(tmp_path: Path) -> None:
+    records = grown_session(3, 40)
+    path = write(records, tmp_path / "s.jsonl")
+    lines = path.read_text().splitlines()
+    second = json.loads(lines[1])
+    cases = {
+        "tail": ({**second, "prompt_from": {**second["prompt_from"], "tail": [1, 2, 3]}}, "does not match the digest"),
+        "keep": ({**second, "prompt_from": {**second["prompt_from"], "keep": 10**6}}, "keeps 1000000 ids of call c000"),
+        "call": ({**second, "prompt_from": {**second["prompt_from"], "call": "zz"}}, "extends call zz, which is not"),
+        "request": ({**second, "request_from": {**second["request_from"], "text": "{}"}}, "request does not match"),
+    }
+    for name, (bad, message) in cases.items():
+        broken = tmp_path / f"{name}.jsonl"
+        broken.write_text("\n".join([lines[0], json.dumps(bad), lines[2]]) + "\n")
+        with pytest.raises(ValueError, match=rf"{name}\.jsonl:2: its .*{message}"):
+            read_records(broken)
