@@ -12,12 +12,11 @@ the context). The last line is the incremental render's ms per call at full size
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import time
 from typing import Any
 
-from bench.common import report
+from bench.common import fit_exponent, report
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
 
@@ -51,14 +50,6 @@ def text(rng: random.Random, tokens: int) -> str:
         lines.append(" ".join(rng.choice(WORDS) for _ in range(n)))
         tokens -= n + 1
     return "\n".join(lines)
-
-
-def fit_exponent(points: list[tuple[float, float]]) -> float:
-    """Slope of log(time) against log(context)."""
-    xs = [math.log(x) for x, _ in points]
-    ys = [math.log(y) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import random
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI, Request
 
-from bench.common import cpu_seconds, new_session, proxy, report
+from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.renderer import LocalRenderer
 from nemo_polar.proxy.serve import BackgroundServer
@@ -97,12 +96,6 @@ async def call(http: aiohttp.ClientSession, url: str, key: str, messages: list[d
     async with http.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}) as resp:
         resp.raise_for_status()
         return (await resp.json())["choices"][0]["message"]["content"]
-
-
-def fit_exponent(points: list[tuple[float, float]]) -> float:
-    xs, ys = [math.log(x) for x, _ in points], [math.log(max(y, 1e-6)) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 async def one_session(url: str, key: str, pid: int, calls: int, context: int, seed: int) -> list[tuple[int, float]]:

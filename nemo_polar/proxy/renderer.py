@@ -201,31 +201,28 @@ class IncrementalEncoder:
 
     def encode(self, text: str, cache: TokenCache) -> list[int]:
         with cache.lock:
-            cut, how = self._cut(cache, text)
-            if cut is None:
-                ids = self._encode(text)
-                marks = self._marks(text, ids, (0, 0))
+            kept, how = self._kept(cache, text)
+            chars, tokens = cache.marks[kept - 1] if kept else (0, 0)  # (0, 0): the whole text
+            tail = self._encode(text[chars:])
+            tail_marks = self._marks(text[chars:], tail, (chars, tokens))
+            ids = cache.ids[:tokens] + tail
+            cache.ids, cache.how = ids, how
+            if tail_marks is None:  # the next call cannot cut anywhere in this one
+                cache.text, cache.marks = "", []
             else:
-                (chars, tokens), kept = cut
-                tail = self._encode(text[chars:])
-                tail_marks = self._marks(text[chars:], tail, (chars, tokens))
-                ids = cache.ids[:tokens] + tail
-                marks = None if tail_marks is None else kept + tail_marks
-            cache.text, cache.ids, cache.how = text, ids, how
-            cache.marks = marks or []
-            if marks is None:
-                cache.text = ""  # the next call cannot cut anywhere in this one
+                cache.text, cache.marks = text, cache.marks[:kept] + tail_marks
             return ids
 
     @staticmethod
-    def _cut(cache: TokenCache, text: str) -> tuple[tuple[tuple[int, int], list[tuple[int, int]]] | None, str]:
+    def _kept(cache: TokenCache, text: str) -> tuple[int, str]:
+        """How many of the last render's boundary marks lie in its common prefix with ``text``, and what that
+        means for ``cache.how``."""
         if not cache.text:
-            return None, "full:first"
-        common = common_prefix(cache.text, text)
-        k = bisect.bisect_right(cache.marks, (common, sys.maxsize))
+            return 0, "full:first"
+        k = bisect.bisect_right(cache.marks, (common_prefix(cache.text, text), sys.maxsize))
         if k == 0:
-            return None, "full:no_boundary_in_common_prefix"
-        return (cache.marks[k - 1], cache.marks[:k]), f"tail:{len(text) - cache.marks[k - 1][0]}"
+            return 0, "full:no_boundary_in_common_prefix"
+        return k, f"tail:{len(text) - cache.marks[k - 1][0]}"
 
 
 async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:
