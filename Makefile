@@ -86,6 +86,12 @@ demo: setup
 bench: setup
 	$(BIN)/python -m bench.run
 
+# The closed GRPO loop (nemo_polar/learn): two seeds of SmolLM2-135M learning "which number is bigger?" through the
+# proxy, with real weight syncs into vLLM; runs/learn/learn.json and learn.html. About 25 minutes on 2 cores.
+.PHONY: learn
+learn: setup
+	$(BIN)/polar learn -o runs/learn
+
 # Multi-context sessions from the real CLIs (examples/tasks/patterns): every scenario in bwrap, then the scenario x CLI
 # table written into the README (polar patterns exits 1 if a scenario lost tokens, failed its audit or did not run).
 PATTERNS := examples/tasks/patterns

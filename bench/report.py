@@ -159,6 +159,19 @@ SPECS: dict[str, Spec] = {
         None,
         [("mean |Δ|", "mean_abs_logprob_delta"), ("max |Δ|", "max_abs_logprob_delta")],
     ),
+    "learn": Spec(
+        "`make learn`: GRPO on the project's own traces, SmolLM2-135M on 'which number is bigger?', two seeds, "
+        "weights synced into vLLM each step",
+        "python -m bench.learn",
+        "held-out gain > its spread across seeds, both seeds ≤ 30 min",
+        lambda f: f["min_gain"] > f["gain_spread"] and f["wall_s"] <= 1800,
+        [
+            ("seed 0 before", "before_seed0"),
+            ("seed 0 after", "after_seed0"),
+            ("seed 1 before", "before_seed1"),
+            ("seed 1 after", "after_seed1"),
+        ],
+    ),
 }
 
 

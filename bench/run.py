@@ -36,6 +36,7 @@ BENCHES: list[tuple[str, str, list[str]]] = [
     ("soak", "bench.soak", ["--sessions", "3000", "--baseline", "1000"]),
     ("cli_sessions", "bench.cli_sessions", ["--sessions", "4"]),
     ("recompute", "bench.recompute", []),
+    ("learn", "bench.learn", []),
 ]
 
 
@@ -50,7 +51,7 @@ def main() -> None:
     with EngineProcess(EngineSpec(model="tiny-qwen3", port=free_port())) as engine:
         env = {**os.environ, "POLAR_BENCH_RESULTS": str(args.results), "POLAR_BENCH_ENGINE_URL": engine.spec.url}
         for name, module, extra in chosen:
-            if name == "recompute":  # its own engine (SmolLM2): the shared one serves random weights
+            if name in ("recompute", "learn"):  # their own engine (SmolLM2): the shared one serves random weights
                 env = {k: v for k, v in env.items() if k != "POLAR_BENCH_ENGINE_URL"}
             print(f"== {name}: python -m {module} {' '.join(extra)}", flush=True)
             t0 = time.monotonic()

@@ -201,6 +201,31 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _learn(args: argparse.Namespace) -> int:
+    from nemo_polar.learn.loop import LearnConfig
+    from nemo_polar.learn.report import run_seeds
+
+    try:
+        configs = [
+            LearnConfig(
+                out=args.output / f"seed-{seed}",
+                seed=seed,
+                steps=args.steps,
+                prompts_per_step=args.prompts,
+                generations=args.generations,
+                held_out=args.held_out,
+                eval_samples=args.eval_samples,
+                lr=args.lr,
+            )
+            for seed in args.seed or [0, 1]
+        ]
+        summary = run_seeds(configs, args.output)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise SystemExit(f"polar learn: {exc}") from None
+    print(summary.model_dump_json(indent=2))
+    return 0
+
+
 def _convert_rows(args: argparse.Namespace) -> int:
     from nemo_polar.rewards.legacy import convert_file
 
@@ -443,6 +468,25 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--timeout", type=float, default=1800.0, help="seconds per harness run")
     gen.add_argument("-o", "--output", type=Path, required=True, help="the output directory")
     gen.set_defaults(func=_generate)
+
+    learn = sub.add_parser(
+        "learn",
+        help="a closed GRPO loop on this machine: rollouts through the proxy, traces, update, weights into vLLM",
+        description="SmolLM2-135M-Instruct learns to answer 'which number is bigger?' with the number. Each step: "
+        "rollouts through the proxy (one session per sample), prefix-merged traces with per-session GRPO advantages, "
+        "one step of NeMo-RL's clipped policy-gradient loss (torch, in the engine's virtualenv), then the proxy "
+        "pauses, vLLM reloads the new weights in place and the proxy resumes with the next policy version. Held-out "
+        "prompts are scored before and after. Writes OUT/seed-N/learn.json, OUT/learn.json and OUT/learn.html.",
+    )
+    learn.add_argument("-o", "--output", type=Path, default=Path("runs/learn"), help="the output directory")
+    learn.add_argument("--seed", type=int, action="append", help="a seed (repeatable; default: 0 and 1)")
+    learn.add_argument("--steps", type=int, default=12)
+    learn.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    learn.add_argument("--generations", type=int, default=8, help="sessions per prompt (a GRPO group)")
+    learn.add_argument("--held-out", type=int, default=32, help="held-out prompts")
+    learn.add_argument("--eval-samples", type=int, default=4, help="sessions per held-out prompt")
+    learn.add_argument("--lr", type=float, default=2e-5)
+    learn.set_defaults(func=_learn, seed=None)
 
     grade = sub.add_parser("grade", help="grade SWE-bench predictions with swebench's grader in fresh sandboxes")
     grade.add_argument(

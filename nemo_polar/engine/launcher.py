@@ -71,6 +71,8 @@ class EngineSpec:
     max_logprobs: int = 20
     tool_call_parser: str = "hermes"
     kv_cache_gib: int = 1
+    dtype: str | None = None
+    weight_sync: bool = False
     extra_args: list[str] = field(default_factory=list)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
@@ -102,9 +104,16 @@ class EngineSpec:
         gpu = has_gpu()
         if not gpu:
             cmd.append("--enforce-eager")  # CPU: skip torch.compile, ready in ~20 s instead of ~60 s
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
         cmd += self.extra_args
         env = dict(os.environ)
         env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+        if self.weight_sync:
+            # vLLM's in-place weight reload (/collective_rpc reload_weights, /reset_prefix_cache) is served only in
+            # its dev mode. The engine listens on loopback and only the proxy and the trainer reach it: a sandboxed
+            # agent reaches the proxy's model listener, never the engine.
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if not gpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         return cmd, env

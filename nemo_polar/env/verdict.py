@@ -105,10 +105,16 @@ def judge(
         reasons = ", ".join(sorted({t.break_reason or "unknown" for t in main[1:]}))
         reason = f"the main chain broke into {len(main)} segments ({reasons})"
         return Verdict(kind="main_chain_broken", reason=reason, reward=grade.reward)
+    spanning = cross_version(build, policy, grade.reward)
+    return spanning or Verdict(kind="trainable", reason=grade.reason, reward=grade.reward)
+
+
+def cross_version(build: BuildResult, policy: VerdictPolicy, reward: float | None) -> Verdict | None:
+    """The cross-version rule: a session whose calls span policy versions is masked when the policy says so."""
     versions = policy_versions(build)
     if policy.cross_version == "mask" and len(versions) > 1:
-        return Verdict(kind="cross_version", reason=f"calls span policy versions {versions}", reward=grade.reward)
-    return Verdict(kind="trainable", reason=grade.reason, reward=grade.reward)
+        return Verdict(kind="cross_version", reason=f"calls span policy versions {versions}", reward=reward)
+    return None
 
 
 def policy_versions(build: BuildResult) -> list[int]:

@@ -1,0 +1,204 @@
+"""The trainer of ``polar learn``: NeMo-RL's clipped policy-gradient (GRPO) loss on rows built from the project's
+traces, one optimiser step per rollout batch, the new weights written as a checkpoint vLLM reloads in place.
+
+Runs inside the engine virtualenv (torch + transformers), so it imports nothing from ``nemo_polar``. It is a
+long-lived process (the optimiser state lives across steps) speaking JSON lines: one request object per stdin line,
+one reply per stdout line (``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``); logs go to stderr.
+
+The loss restates ``ClippedPGLossFn`` from NVIDIA-NeMo/RL ``nemo_rl/algorithms/loss_functions.py`` at commit
+005a098a5fc04317a0ceb792e66a8b8076804618, token-level (``token_level_loss: true``), with:
+
+- ``mask = token_mask[:, 1:] * sample_mask`` (``sample_mask`` is GRPO's ``loss_multiplier``: 0 drops a sample);
+- ``ratios = exp(curr - prev)``, ``clip_loss = max(-A * ratios, -A * clamp(ratios, 1 - clip_min, 1 + clip_max))``,
+  optional dual clip ``c`` for ``A < 0``;
+- optional importance-sampling correction ``exp(prev - generation)`` (off by default, as in NeMo-RL's GRPO recipes);
+- ``loss = sum(w * clip_loss * mask) / global_valid_toks`` over the whole batch (micro-batches accumulate);
+- no reference-policy KL term (``reference_policy_kl_penalty: 0``).
+
+``prev_logprobs`` are the policy's logprobs under the weights the step starts from. With one optimiser step per
+rollout batch they equal ``curr`` detached, so they come from the same forward pass (NeMo-RL computes them in a
+separate pass before training; the values are the same). The trainer/engine mismatch NeMo-RL logs is reported:
+``token_mult_prob_error = mean(exp(|generation - prev|))`` and ``gen_kl_error`` (k3 of ``prev - generation``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+class LossConfig:
+    def __init__(self, clip_min: float = 0.2, clip_max: float = 0.2, dual_clip: float | None = None, **kw: Any):
+        self.clip_min = clip_min
+        self.clip_max = clip_max
+        self.dual_clip = dual_clip
+        self.importance_sampling = bool(kw.get("importance_sampling", False))
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """``[B, T-1]``: the logprob of token ``t`` given tokens ``< t``, in float32 (NeMo-RL casts logits first)."""
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def clipped_pg_loss(
+    curr: torch.Tensor,
+    prev: torch.Tensor,
+    generation: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    global_valid_toks: float,
+    cfg: LossConfig,
+) -> torch.Tensor:
+    """The token-level clipped PG loss of one micro-batch, normalised by the whole batch's valid tokens. All tensors
+    are ``[B, T-1]`` (already shifted: position ``t`` scores token ``t + 1``)."""
+    ratios = torch.exp(curr - prev)
+    clamped = ratios.clamp(1.0 - cfg.clip_min, 1.0 + cfg.clip_max)
+    clip_loss = torch.max(-advantages * ratios, -advantages * clamped)
+    if cfg.dual_clip is not None:
+        clip_loss = torch.where(advantages < 0, torch.min(clip_loss, -advantages * cfg.dual_clip), clip_loss)
+    weights = torch.ones_like(prev)
+    if cfg.importance_sampling:
+        weights = torch.nan_to_num(torch.exp(prev - generation), nan=0.0, posinf=0.0, neginf=0.0)
+    return (weights * clip_loss * mask).sum() / global_valid_toks
+
+
+def _pad(rows: list[dict[str, Any]], key: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(r["input_ids"]) for r in rows)
+    return torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows], dtype=dtype)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_dir: str,
+        lr: float,
+        seed: int,
+        loss: dict[str, Any],
+        micro_batch: int = 16,
+        train_embeddings: bool = False,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        if not train_embeddings:
+            # vLLM 0.32's in-place reload (CPU) leaves a tied output head on its load-time copy: after an
+            # embedding-only change the engine's logprobs differ from the checkpoint's by ~2.5e-4 (3e-6 for any other
+            # parameter). Frozen embeddings keep what the engine serves equal to what was trained.
+            self.model.get_input_embeddings().weight.requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # NeMo-RL's GRPO recipes: AdamW, no weight decay on this scale, gradient norm clipped at 1.0.
+        self.optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        self.loss = LossConfig(**loss)
+        self.micro_batch = micro_batch
+
+    def step(self, batch: str, out_dir: str) -> dict[str, Any]:
+        rows = [json.loads(line) for line in Path(batch).read_text().splitlines() if line.strip()]
+        for r in rows:
+            r["attention"] = [1] * len(r["input_ids"])
+            r["advantages"] = [r["advantage"]] * len(r["input_ids"])
+        valid = sum(sum(r["token_mask"][1:]) * r["sample_mask"] for r in rows)
+        if valid == 0:
+            raise ValueError("no trainable token in the batch")
+        totals = {"loss": 0.0, "mult_prob_error": 0.0, "gen_kl": 0.0, "abs_delta": 0.0, "max_abs_delta": 0.0}
+        self.optim.zero_grad(set_to_none=True)
+        for i in range(0, len(rows), self.micro_batch):
+            mb = rows[i : i + self.micro_batch]
+            ids = _pad(mb, "input_ids", 0, torch.long)
+            attention = _pad(mb, "attention", 0, torch.long)
+            mask = _pad(mb, "token_mask", 0, torch.float32)[:, 1:] * torch.tensor(
+                [float(r["sample_mask"]) for r in mb]
+            ).unsqueeze(-1)
+            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32)[:, 1:]
+            advantages = _pad(mb, "advantages", 0.0, torch.float32)[:, 1:]
+            curr = token_logprobs(self.model, ids, attention)
+            prev = curr.detach()
+            loss = clipped_pg_loss(curr, prev, generation, advantages, mask, float(valid), self.loss)
+            loss.backward()
+            with torch.no_grad():
+                delta = (generation - prev).abs() * mask
+                totals["loss"] += float(loss)
+                totals["mult_prob_error"] += float((torch.exp(delta) * mask).sum())
+                log_ratio = prev - generation  # k3 estimator of KL(generation || trainer), as NeMo-RL's gen_kl_error
+                totals["gen_kl"] += float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
+                totals["abs_delta"] += float(delta.sum())
+                totals["max_abs_delta"] = max(totals["max_abs_delta"], float(delta.max()))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.optim.param_groups[0]["params"], max_norm=1.0))
+        self.optim.step()
+        self.save(out_dir)
+        return {
+            "loss": totals["loss"],
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "tokens": int(valid),
+            "samples": len(rows),
+            "token_mult_prob_error": totals["mult_prob_error"] / valid,
+            "gen_kl_error": totals["gen_kl"] / valid,
+            "mean_abs_logprob_delta": totals["abs_delta"] / valid,
+            "max_abs_logprob_delta": totals["max_abs_delta"],
+        }
+
+    def save(self, out_dir: str) -> None:
+        """A checkpoint vLLM can reload in place: the safetensors and the config beside the base model's tokenizer
+        files (the engine keeps its own tokenizer; a user can still serve the directory as a model)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out, safe_serialization=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+            if (self.model_dir / name).exists():
+                shutil.copy2(self.model_dir / name, out / name)
+
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], model_dir: str | None = None) -> list[list[float]]:
+        """Per-token logprobs (position ``t`` scores token ``t + 1``) under the current weights, or under the
+        checkpoint in ``model_dir``."""
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if model_dir else self.model
+        model.eval()
+        try:
+            return [
+                token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0].tolist()
+                for s in sequences
+            ]
+        finally:
+            self.model.train()
+
+
+def serve() -> None:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    trainer: Trainer | None = None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            op = req.pop("op")
+            if op == "init":
+                trainer = Trainer(**req)
+                reply: dict[str, Any] = {}
+            elif trainer is None:
+                raise RuntimeError("send {'op': 'init', ...} first")
+            elif op == "step":
+                reply = trainer.step(**req)
+            elif op == "save":
+                trainer.save(**req)
+                reply = {}
+            elif op == "score":
+                reply = {"logprobs": trainer.score(**req)}
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            out = {"ok": True, **reply}
+        except Exception as exc:  # one bad request answers an error; the trainer and its optimiser state live on
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,129 @@
+"""Several seeds of ``polar learn``, a progress bar per step, and what a user reads afterwards: ``learn.json`` (held-out
+reward before -> after per seed, its spread, the per-step curves) and ``learn.html`` (reward and the trainer/engine
+logprob mismatch per step, one line per seed)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from nemo_polar.learn.loop import LearnConfig, LearnResult, StepResult, learn
+
+
+class SeedSummary(BaseModel):
+    seed: int
+    held_out_before: float
+    held_out_after: float
+    gain: float
+    reward_per_step: list[float]
+    mismatch_per_step: list[float] = Field(description="mean |engine logprob - trainer logprob| on trained tokens")
+    versions_per_step: list[list[int | None]]
+    served_vs_trained: float
+    served_vs_base: float
+    wall_s: float
+
+
+class LearnSummary(BaseModel):
+    seeds: list[SeedSummary]
+    mean_gain: float
+    gain_spread: float = Field(description="max - min of the per-seed gains")
+    before_spread: float = Field(description="max - min of the per-seed held-out rewards before training")
+    outputs: dict[str, Path]
+
+
+def summarise(result: LearnResult) -> SeedSummary:
+    return SeedSummary(
+        seed=result.config.seed,
+        held_out_before=result.held_out_before,
+        held_out_after=result.held_out_after,
+        gain=result.held_out_after - result.held_out_before,
+        reward_per_step=[s.reward_mean for s in result.steps],
+        mismatch_per_step=[s.trainer["mean_abs_logprob_delta"] for s in result.steps],
+        versions_per_step=[s.record_versions for s in result.steps],
+        served_vs_trained=result.served.vs_trained,
+        served_vs_base=result.served.vs_base,
+        wall_s=result.wall_s,
+    )
+
+
+def run_seeds(configs: list[LearnConfig], out: Path) -> LearnSummary:
+    out.mkdir(parents=True, exist_ok=True)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
+    seeds = []
+    with Progress(*columns) as progress:
+        for cfg in configs:
+            task = progress.add_task(f"learn seed {cfg.seed}", total=cfg.steps, status="held-out before…")
+
+            def on_step(step: StepResult, task: int = task) -> None:
+                status = f"reward {step.reward_mean:.2f} · |Δ| {step.trainer['mean_abs_logprob_delta']:.1e}"
+                progress.update(task, advance=1, status=status)
+
+            seeds.append(summarise(learn(cfg, on_step=on_step)))
+            progress.update(task, status=f"held-out {seeds[-1].held_out_before:.2f} → {seeds[-1].held_out_after:.2f}")
+    gains = [s.gain for s in seeds]
+    befores = [s.held_out_before for s in seeds]
+    outputs = {"json": out / "learn.json", "html": out / "learn.html"}
+    summary = LearnSummary(
+        seeds=seeds,
+        mean_gain=statistics.fmean(gains),
+        gain_spread=max(gains) - min(gains),
+        before_spread=max(befores) - min(befores),
+        outputs=outputs,
+    )
+    outputs["json"].write_text(summary.model_dump_json(indent=2))
+    outputs["html"].write_text(render_html(summary))
+    return summary
+
+
+def curves_png(summary: LearnSummary) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (reward, mismatch) = plt.subplots(1, 2, figsize=(9, 3))
+    for s in summary.seeds:
+        steps = range(len(s.reward_per_step))
+        reward.plot(steps, s.reward_per_step, marker="o", label=f"seed {s.seed} (rollouts)")
+        reward.scatter([0, len(s.reward_per_step)], [s.held_out_before, s.held_out_after], marker="s")
+        mismatch.plot(steps, s.mismatch_per_step, marker="o", label=f"seed {s.seed}")
+    reward.set(title="reward per step (squares: held-out before/after)", xlabel="step (policy version)")
+    mismatch.set(title="mean |engine − trainer logprob|", xlabel="step", yscale="log")
+    reward.legend(fontsize=7)
+    mismatch.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(summary: LearnSummary) -> str:
+    rows = "".join(
+        f"<tr><td>{s.seed}</td><td>{s.held_out_before:.3f}</td><td>{s.held_out_after:.3f}</td><td>{s.gain:+.3f}</td>"
+        f"<td>{s.served_vs_trained:.1e}</td><td>{s.served_vs_base:.1e}</td><td>{s.wall_s:.0f}</td></tr>"
+        for s in summary.seeds
+    )
+    try:
+        plot = f"<img alt='learning curves' src='data:image/png;base64,{curves_png(summary)}'>"
+    except ImportError:  # matplotlib comes with the dev extras
+        plot = "<p>(install matplotlib for the plot)</p>"
+    return (
+        "<!doctype html><meta charset=utf-8><title>polar learn</title><h1>polar learn</h1>"
+        f"<p>mean held-out gain {summary.mean_gain:+.3f}, spread of gains {summary.gain_spread:.3f}</p>"
+        "<table border=1 cellpadding=4><tr><th>seed</th><th>held-out before</th><th>after</th><th>gain</th>"
+        "<th>served vs trained |Δ|</th><th>served vs base |Δ|</th><th>wall s</th></tr>"
+        f"{rows}</table>{plot}<p>{html.escape('A check of the data path, not a replacement for NeMo-RL.')}</p>"
+    )
