@@ -55,7 +55,8 @@ def test_rows_carry_the_sessions_advantage_on_the_policys_tokens_only() -> None:
         rows([trace.model_copy(update={"advantage": None})])
 
 
-# Run in the engine virtualenv: the loss on hand-made tensors, checked against NeMo-RL's rules.
+# Run in the engine virtualenv: the loss on hand-made tensors, checked against the rules of ClippedPGLossFn in
+# NVIDIA-NeMo/RL nemo_rl/algorithms/loss_functions.py at commit 005a098a5fc04317a0ceb792e66a8b8076804618.
 LOSS_CHECK = r"""
 import importlib.util, json, sys, torch
 spec = importlib.util.spec_from_file_location("w", sys.argv[1]); w = importlib.util.module_from_spec(spec)

@@ -35,11 +35,17 @@ from transformers import AutoModelForCausalLM
 
 
 class LossConfig:
-    def __init__(self, clip_min: float = 0.2, clip_max: float = 0.2, dual_clip: float | None = None, **kw: Any):
+    def __init__(
+        self,
+        clip_min: float = 0.2,
+        clip_max: float = 0.2,
+        dual_clip: float | None = None,
+        importance_sampling: bool = False,
+    ) -> None:
         self.clip_min = clip_min
         self.clip_max = clip_max
         self.dual_clip = dual_clip
-        self.importance_sampling = bool(kw.get("importance_sampling", False))
+        self.importance_sampling = importance_sampling
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -171,7 +177,6 @@ class Trainer:
 
 
 def serve() -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     trainer: Trainer | None = None
     for line in sys.stdin:
         if not line.strip():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import random
+import shutil
 import subprocess
 import time
 from collections.abc import Iterable
@@ -374,8 +375,6 @@ def probe(record: CallRecord, trainer: TrainerProcess, base: Path) -> ServedProb
 
 def _drop_older(checkpoint: Path) -> None:
     """Keep only the checkpoint the engine now serves (each is a full copy of the weights)."""
-    import shutil
-
     for old in checkpoint.parent.iterdir():
         if old != checkpoint and old.name.startswith("v"):
             shutil.rmtree(old, ignore_errors=True)
