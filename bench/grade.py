@@ -1,7 +1,8 @@
 """Grading throughput: bundled instances graded per minute with swebench's grader in fresh sandboxes, with and
 without evaluator prewarm (the next instance's sandbox is prepared while the current one's tests run, as the
 gateway prepares an evaluator while the agent works). Rounds alternate between the two so both meet the same
-machine load. The last line is the prewarmed/cold throughput ratio.
+machine load. Figures are medians over the rounds; the last line is the prewarmed/cold throughput ratio with its
+range over the rounds.
 
     python -m bench.grade [--rounds 3] [--runtime bwrap]
 """
@@ -9,6 +10,7 @@ machine load. The last line is the prewarmed/cold throughput ratio.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,25 +26,33 @@ def main() -> None:
     parser.add_argument("--runtime", default="bwrap")
     args = parser.parse_args()
     pairs = [(inst, inst.patch) for inst in bundled_instances()]
-    elapsed = {True: 0.0, False: 0.0}
-    graded = {True: 0, False: 0}
+    rates: dict[bool, list[float]] = {True: [], False: []}  # instances/min, per round
     with tempfile.TemporaryDirectory(prefix="polar-bench-grade-") as tmp:
         for _ in range(args.rounds):
             for prewarm in (False, True):
                 t0 = time.monotonic()
                 results = grade_many(pairs, runtime=args.runtime, work_dir=Path(tmp), prewarm=prewarm)
-                elapsed[prewarm] += time.monotonic() - t0
-                graded[prewarm] += len(results)
+                rates[prewarm].append(60 * len(results) / (time.monotonic() - t0))
                 assert all(r.resolved for r in results), [r.reason for r in results if not r.resolved]
-    rate = {k: 60 * graded[k] / elapsed[k] for k in elapsed}
+    ratios = [warm / cold for cold, warm in zip(rates[False], rates[True], strict=True)]
+    rate = {k: statistics.median(v) for k, v in rates.items()}
+    ratio = statistics.median(ratios)
     print(f"instances: {len(pairs)} x {args.rounds} rounds per side, runtime {args.runtime}, gold patches")
-    print(f"cold:      {rate[False]:.1f} instances/min")
-    print(f"prewarm:   {rate[True]:.1f} instances/min")
+    print(f"cold:      {rate[False]:.1f} instances/min (rounds: {', '.join(f'{r:.0f}' for r in rates[False])})")
+    print(f"prewarm:   {rate[True]:.1f} instances/min (rounds: {', '.join(f'{r:.0f}' for r in rates[True])})")
+    print(f"prewarm/cold per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     report(
         f"grade_{args.runtime}",
-        {"runtime": args.runtime, "cold_per_min": rate[False], "prewarm_per_min": rate[True]},
+        {
+            "runtime": args.runtime,
+            "cold_per_min": rate[False],
+            "prewarm_per_min": rate[True],
+            "ratio": ratio,
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+        },
         f"grading ({args.runtime}) prewarm/cold throughput: {rate[False]:.0f} -> {rate[True]:.0f} instances/min "
-        f"({rate[True] / rate[False]:.2f}x)",
+        f"({ratio:.2f}x, rounds {min(ratios):.2f}-{max(ratios):.2f})",
     )
 
 

@@ -3,10 +3,12 @@ harness shows and acts on (the first byte is not comparable: the proxy sends its
 
 The same conversations stream from vLLM's chat API and through the proxy (continuation mode) over each provider
 API a harness uses — Chat Completions, Responses, Messages — each pair submitted together so both see the same
-load, the three APIs interleaved. Per API the p50 and p95 of proxy/direct are printed; the last line is the worst
-p50 ratio (target ≤ 1.15×).
+load, the three APIs interleaved. ``--reps`` rounds of it: per API the p50, p95 and p99 of proxy/direct are the
+median over the rounds, printed with their range. Then where a proxied call's time goes (request arrival to each
+stage, from the records) and how late the proxy's event loop ran (its lag histogram). The last line is the worst
+p50 and p95 ratios (targets ≤ 1.05× and ≤ 1.5×).
 
-    python -m bench.stream_ttfb [--requests 32] [--concurrency 8]
+    python -m bench.stream_ttfb [--requests 32] [--concurrency 8] [--reps 3]
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import engine, new_session, percentile, proxy, report
+from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.records import STAGES
 
 SYSTEM = "You are a careful coding agent working in a git repository. " * 40
+QUANTILES = (0.5, 0.95, 0.99)
 CAPTURE = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}  # what a training client asks vLLM for
 
 
@@ -68,53 +75,106 @@ async def first_text(client: aiohttp.ClientSession, url: str, api: str, key: str
     raise AssertionError(f"{api}: the stream ended without a text delta")
 
 
+def stage_table(record_dir: Path) -> list[str]:
+    """Per stage of the proxied calls (request arrival to it, from their records): p50 and p95, in ms."""
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
+    for f in record_dir.glob("*.jsonl"):
+        for line in f.open():
+            for name, seconds in json.loads(line).get("stages", {}).items():
+                stages.setdefault(name, []).append(seconds)
+    return [
+        f"  {name:<17} p50 {percentile(v, 0.5) * 1000:6.1f} ms  p95 {percentile(v, 0.95) * 1000:6.1f} ms"
+        for name, v in stages.items()
+        if v
+    ]
+
+
+def loop_lag(client: ProxyClient) -> dict[str, float]:
+    """The proxy's event-loop lag histogram (its /metrics): observations, and the share later than 5 and 25 ms."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(client.metrics()):
+        if family.name == "polar_event_loop_lag_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets[float(sample.labels["le"])] = sample.value
+    total = buckets.get(float("inf"), 0.0)
+    late = {f"late_{ms}ms": (total - buckets.get(ms / 1000, total)) / total if total else 0.0 for ms in (5, 25)}
+    return {"observations": total, **late}
+
+
+async def one_round(
+    engine_url: str, proxy_client: ProxyClient, model: str, args: argparse.Namespace, rep: int
+) -> dict[str, list[tuple[float, float]]]:
+    """(direct, proxied) seconds to the first text delta per measured pair, by API."""
+    apis = list(PATHS)
+    pinned = {"temperature": 0.0, "max_tokens": 16}
+    results: dict[str, list[tuple[float, float]]] = {api: [] for api in apis}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=3.0)) as client:
+        sem = asyncio.Semaphore(args.concurrency)
+
+        async def pair(i: int) -> None:
+            api = apis[i % len(apis)]  # interleaved: every API meets the same load over the run
+            user = f"task {rep}.{i}"  # a new prompt every round: no round is served from another's prefix cache
+            direct_body = {**request_body("chat", model, SYSTEM, user), **CAPTURE}
+            key = await asyncio.to_thread(new_session, proxy_client, sampling_overrides=pinned)
+            async with sem:
+                direct, proxied = await asyncio.gather(
+                    first_text(client, engine_url, "chat", None, direct_body),
+                    first_text(client, proxy_client.url, api, key, request_body(api, "local-model", SYSTEM, user)),
+                )
+            if i >= args.concurrency:  # the first wave warms both paths up
+                results[api].append((direct, proxied))
+
+        total = args.requests * len(apis) + args.concurrency
+        await asyncio.gather(*(pair(i) for i in range(total)))
+    return results
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=32, help="measured pairs per API")
+    parser.add_argument("--requests", type=int, default=32, help="measured pairs per API per repetition")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions: each figure is their median, with spread")
     args = parser.parse_args()
     info: dict[str, float] = {}
     apis = list(PATHS)
+    rounds: list[dict[str, list[tuple[float, float]]]] = []
     with engine() as engine_url, proxy(engine_url, info) as proxy_client:
         model = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
-        pinned = {"temperature": 0.0, "max_tokens": 16}
-        results: dict[str, list[tuple[float, float]]] = {api: [] for api in apis}
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=3.0)) as client:
-            sem = asyncio.Semaphore(args.concurrency)
-
-            async def pair(i: int) -> None:
-                api = apis[i % len(apis)]  # interleaved: every API meets the same load over the run
-                user = f"task {i}"
-                direct_body = {**request_body("chat", model, SYSTEM, user), **CAPTURE}
-                key = await asyncio.to_thread(new_session, proxy_client, sampling_overrides=pinned)
-                async with sem:
-                    direct, proxied = await asyncio.gather(
-                        first_text(client, engine_url, "chat", None, direct_body),
-                        first_text(client, proxy_client.url, api, key, request_body(api, "local-model", SYSTEM, user)),
-                    )
-                if i >= args.concurrency:  # the first wave warms both paths up
-                    results[api].append((direct, proxied))
-
-            total = args.requests * len(apis) + args.concurrency
-            await asyncio.gather(*(pair(i) for i in range(total)))
+        for rep in range(args.reps):
+            rounds.append(await one_round(engine_url, proxy_client, model, args, rep))
+        lag = loop_lag(proxy_client)
     figures: dict[str, float] = {}
     for api in apis:
-        ratios = [p / d for d, p in results[api]]
-        d50 = percentile([d for d, _ in results[api]], 0.5) * 1000
-        p50 = percentile([p for _, p in results[api]], 0.5) * 1000
-        figures[f"{api}_p50"], figures[f"{api}_p95"] = percentile(ratios, 0.5), percentile(ratios, 0.95)
+        per_rep = {q: [percentile([p / d for d, p in r[api]], q) for r in rounds] for q in QUANTILES}
+        direct = statistics.median(percentile([d for d, _ in r[api]], 0.5) for r in rounds) * 1000
+        proxied = statistics.median(percentile([p for _, p in r[api]], 0.5) for r in rounds) * 1000
+        cells = []
+        for q, values in per_rep.items():
+            name = f"{api}_p{round(q * 100)}"
+            figures[name] = statistics.median(values)
+            figures[f"{name}_spread"] = max(values) - min(values)
+            cells.append(f"p{round(q * 100)} {figures[name]:.3f}x [{min(values):.3f}-{max(values):.3f}]")
         print(
-            f"{api:<10} first text delta p50: direct {d50:6.1f} ms, proxy {p50:6.1f} ms; proxy/direct "
-            f"p50 {figures[f'{api}_p50']:.3f}x p95 {figures[f'{api}_p95']:.3f}x ({len(ratios)} pairs)"
+            f"{api:<10} first text delta p50: direct {direct:6.1f} ms, proxy {proxied:6.1f} ms; proxy/direct "
+            + ", ".join(cells)
+            + f" (median [range] of {args.reps} x {len(rounds[0][api])} pairs)"
         )
-    renders = [json.loads(line)["render_s"] for f in Path(info["record_dir"]).glob("*.jsonl") for line in f.open()]
-    print(f"proxy request building p50 {percentile(renders, 0.5) * 1000:.1f} ms")
-    worst = max(apis, key=lambda a: figures[f"{a}_p50"])
+    print("proxied calls, request arrival to each stage:")
+    print("\n".join(stage_table(Path(info["record_dir"]))))
+    figures |= {f"loop_lag_{k}": round(v, 4) for k, v in lag.items()}
+    print(
+        f"proxy event loop: {lag['observations']:.0f} wake-ups, {lag['late_5ms'] * 100:.1f}% later than 5 ms, "
+        f"{lag['late_25ms'] * 100:.1f}% later than 25 ms"
+    )
+    worst50 = max(apis, key=lambda a: figures[f"{a}_p50"])
+    worst95 = max(apis, key=lambda a: figures[f"{a}_p95"])
     report(
         "stream_ttfb",
         figures,
-        f"proxy/direct time to first text delta, worst p50: {figures[f'{worst}_p50']:.3f}x ({worst}); "
-        + ", ".join(f"{a} {figures[f'{a}_p50']:.3f}x" for a in apis),
+        f"proxy/direct time to first text delta, worst p50 {figures[f'{worst50}_p50']:.3f}x ({worst50}), worst p95 "
+        f"{figures[f'{worst95}_p95']:.3f}x ({worst95}); p95 "
+        + ", ".join(f"{a} {figures[f'{a}_p95']:.3f}x" for a in apis),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,18 @@ class ProxyHandle:
         resp.raise_for_status()
         return resp.json()
 
+    def wait_for_local_renderer(self, timeout_s: float = 120) -> None:
+        """Call until the proxy has adopted its in-process renderer (verified against the engine in the background,
+        started by the first call), so a test's first render is the same whichever tests ran before it."""
+        session = self.session(sampling_overrides={"max_tokens": 1})
+        body = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"authorization": f"Bearer {session['api_key']}"}
+        deadline = time.monotonic() + timeout_s
+        while self.apps.proxy.renderer.name != "local":
+            httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=60).raise_for_status()
+            assert time.monotonic() < deadline, "the proxy never adopted its local renderer"
+            time.sleep(0.2)
+
     def disk_records(self, session_id: str) -> list[dict[str, Any]]:
         path = self.record_dir / f"{session_id}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -94,7 +107,9 @@ def make_proxy(engine: str, tmp: Path, **config: Any) -> Iterator[ProxyHandle]:
 
 @pytest.fixture(scope="session")
 def proxy(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyHandle]:
-    yield from make_proxy(engine_url, tmp_path_factory.mktemp("records"))
+    for handle in make_proxy(engine_url, tmp_path_factory.mktemp("records")):
+        handle.wait_for_local_renderer()
+        yield handle
 
 
 def load_fixture(harness: str, name: str) -> dict[str, Any]:

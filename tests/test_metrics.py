@@ -16,13 +16,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway, InstantGrade
 from nemo_polar.env.session import SessionResult
-from nemo_polar.proxy.metrics import failure_reason
+from nemo_polar.proxy.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
+from nemo_polar.proxy.records import STAGES
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle, make_proxy
 
@@ -107,6 +109,15 @@ def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) ->
     streamed = records[2]
     ttft = value(m, "polar_time_to_first_token_seconds_sum", api="chat")
     assert 0 < ttft <= streamed["finished_at"] - streamed["started_at"]
+    # Where each call's time went: the stages it reached, in order, each no later than the next. Only the streamed
+    # call hands events over one by one (first_downstream); the 404 was refused before it was parsed.
+    assert [tuple(r["stages"]) for r in records] == [STAGES[:-1], STAGES[:-1], STAGES, STAGES[:-1], ()]
+    assert all(list(r["stages"].values()) == sorted(r["stages"].values()) for r in records)
+    assert "first_downstream" in streamed["stages"] and streamed["stages"]["first_downstream"] <= ttft + 0.001
+    for stage in STAGES:
+        reached = [r for r in records if r["api"] == "chat" and stage in r["stages"]]
+        assert value(m, "polar_call_stage_seconds_count", api="chat", stage=stage) == len(reached)
+    assert value(m, "polar_event_loop_lag_seconds_count") > 0
 
     busy = value(m, "polar_engine_busy_seconds_total")
     assert 0 < busy <= wall
@@ -160,6 +171,26 @@ def test_metrics_are_on_the_admin_listener_behind_its_token(tmp_path: Path) -> N
         # The model listener, the one sandboxes reach, serves no metrics with or without the token.
         for headers in ({}, {"authorization": "Bearer s3cret-token"}):
             assert httpx.get(f"{proxy.url}/metrics", headers=headers).status_code == 404
+
+
+def test_the_event_loop_lag_histogram_sees_a_blocked_loop() -> None:
+    """CPU work on the event loop (here a 300 ms blocking sleep) delays the watcher's next wake-up by at least that
+    much less its 50 ms interval, and the histogram records it."""
+    metrics = ProxyMetrics.__new__(ProxyMetrics)  # only the histogram is needed
+    metrics.loop_lag = Histogram("lag", "lag", buckets=LAG_BUCKETS, registry=CollectorRegistry())
+
+    async def run() -> None:
+        watch = asyncio.create_task(metrics.watch_event_loop(0.05))
+        await asyncio.sleep(0.12)  # let it wake up at least once
+        time.sleep(0.3)  # a render holding the loop
+        await asyncio.sleep(0.12)
+        watch.cancel()
+
+    asyncio.run(run())
+    [family] = metrics.loop_lag.collect()
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets["+Inf"] >= 2
+    assert buckets["+Inf"] - buckets["0.1"] >= 1  # the blocked wake-up: at least 0.3 - 0.05 s late
 
 
 def test_failure_reason_labels() -> None:

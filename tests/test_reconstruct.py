@@ -411,7 +411,7 @@ def test_records_carry_a_schema_version_and_readers_refuse_newer_ones(tmp_path: 
     from nemo_polar.proxy.records import RECORD_SCHEMA_VERSION, read_records
 
     current = rec("a", [1], [10, EOT])
-    assert RECORD_SCHEMA_VERSION == 2 and json.loads(current.model_dump_json())["schema_version"] == 2
+    assert RECORD_SCHEMA_VERSION == 3 and json.loads(current.model_dump_json())["schema_version"] == 3
     # a record written before the field existed loads as version 1
     old = current.model_dump(mode="json")
     del old["schema_version"]
@@ -420,15 +420,15 @@ def test_records_carry_a_schema_version_and_readers_refuse_newer_ones(tmp_path: 
     assert [r.schema_version for r in read_records(path)] == [1]
     assert load_records([path])["s"][0].schema_version == 1
 
-    newer = {**current.model_dump(mode="json"), "call_id": "b", "schema_version": 3, "a_field_from_the_future": 1}
+    newer = {**current.model_dump(mode="json"), "call_id": "b", "schema_version": 4, "a_field_from_the_future": 1}
     path.write_text(json.dumps(old) + "\n" + json.dumps(newer) + "\n")
-    message = r"s\.jsonl:2: call record schema_version 3 is newer than this reader understands \(up to 2\)"
+    message = r"s\.jsonl:2: call record schema_version 4 is newer than this reader understands \(up to 3\)"
     with pytest.raises(ValueError, match=message):
         read_records(path)
     with pytest.raises(ValueError, match=message):
         load_records([path])
     # every other way in (the admin API's records, a ProxyClient) validates the same model
-    with pytest.raises(ValueError, match="schema_version 3 is newer than this reader understands"):
+    with pytest.raises(ValueError, match="schema_version 4 is newer than this reader understands"):
         CallRecord.model_validate(newer)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         CallRecord.model_validate({**newer, "schema_version": 0})

@@ -5,6 +5,7 @@ was written with. Full (version 1) records still load; a damaged delta is an err
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import random
@@ -12,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.proxy.records import CallRecord, RecordWriter, prompt_digest, read_records
+from nemo_polar.proxy.records import (
+    CallRecord,
+    RecordWriter,
+    RequestDelta,
+    pack_ids,
+    prompt_digest,
+    read_records,
+    unpack_ids,
+)
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 
@@ -70,7 +79,9 @@ def test_records_are_stored_as_deltas_and_read_back_whole(tmp_path: Path) -> Non
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert "prompt_token_ids" in lines[0] and all("prompt_from" in line for line in lines[1:])
     assert all("prompt_token_ids" not in line and "request" not in line for line in lines[1:])
-    assert all(line["request_from"]["text"].count('"role"') == 2 for line in lines[1:])  # the two new messages
+    new_text = [RequestDelta.model_validate(line["request_from"]).middle() for line in lines[1:]]
+    assert all(text.count('"role"') == 2 for text in new_text)  # the two new messages
+    assert all("text_z" in line["request_from"] for line in lines[1:])  # compressed: these texts repeat words
     assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in records]
     [loaded] = load_records([path]).values()
     assert len(prefix_merging(loaded).traces) == 1
@@ -100,18 +111,25 @@ def test_only_what_extends_is_stored_as_a_delta(tmp_path: Path) -> None:
     assert lines[1]["prompt_from"] == {
         "call": a.call_id,
         "keep": len(a.prompt_token_ids),
-        "tail": [7, 8, 9],
+        "tail_z": pack_ids([7, 8, 9]),
         "sha256": prompt_digest(b.prompt_token_ids),
     }
     assert "prompt_from" not in lines[2] and "prompt_from" not in lines[3]
     assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in (a, b, c, d)]
-    # A parent whose request changed in memory after it was written is not what a reader has: the child's request is
-    # stored whole.
-    e, f = grown_session(2, 40, seed=1)
-    writer = RecordWriter(tmp_path / "changed.jsonl")
-    writer.line(e)
-    e.request["messages"].append({"role": "user", "content": "added after the write"})
-    assert '"request_from"' not in writer.line(f) and '"prompt_from"' in writer.line(f)
+    # A parent whose request changed in memory after it was written: the child's request is stored against what was
+    # written (what a reader has), whether the writer still holds that text or has to serialise the parent again.
+    for held in (2, 0):
+        e, f = grown_session(2, 40, seed=1)
+        written = copy.deepcopy(e.request)
+        path = tmp_path / f"changed-{held}.jsonl"
+        writer = RecordWriter(path)
+        writer._texts.size = held
+        with path.open("w") as fh:
+            fh.write(writer.line(e))
+            e.request["messages"].append({"role": "user", "content": "added after the write"})
+            fh.write(line := writer.line(f))
+        assert ('"request_from"' in line) == bool(held) and '"prompt_from"' in line
+        assert [r.request for r in read_records(path)] == [written, f.request]
 
 
 def test_a_damaged_delta_is_named_not_misread(tmp_path: Path) -> None:
@@ -119,14 +137,43 @@ def test_a_damaged_delta_is_named_not_misread(tmp_path: Path) -> None:
     path = write(records, tmp_path / "s.jsonl")
     lines = path.read_text().splitlines()
     second = json.loads(lines[1])
+    plain = {k: v for k, v in second["request_from"].items() if k != "text_z"}
     cases = {
-        "tail": ({**second, "prompt_from": {**second["prompt_from"], "tail": [1, 2, 3]}}, "does not match the digest"),
+        "tail": (
+            {**second, "prompt_from": {**second["prompt_from"], "tail_z": pack_ids([1, 2, 3])}},
+            "does not match",
+        ),
+        "packed": ({**second, "prompt_from": {**second["prompt_from"], "tail_z": "AAA"}}, "ids do not unpack"),
         "keep": ({**second, "prompt_from": {**second["prompt_from"], "keep": 10**6}}, "keeps 1000000 ids of call c000"),
         "call": ({**second, "prompt_from": {**second["prompt_from"], "call": "zz"}}, "extends call zz, which is not"),
-        "request": ({**second, "request_from": {**second["request_from"], "text": "{}"}}, "request does not match"),
+        "request": ({**second, "request_from": {**plain, "text": "{}"}}, "request does not match"),
+        "zipped": ({**second, "request_from": {**second["request_from"], "text_z": "AAAA"}}, "text does not unpack"),
     }
     for name, (bad, message) in cases.items():
         broken = tmp_path / f"{name}.jsonl"
         broken.write_text("\n".join([lines[0], json.dumps(bad), lines[2]]) + "\n")
         with pytest.raises(ValueError, match=rf"{name}\.jsonl:2: its .*{message}"):
             read_records(broken)
+
+
+def test_version_2_files_still_load(tmp_path: Path) -> None:
+    """Schema 2 stored the new ids as a JSON list and the request's new text as is; such files read back whole."""
+    records = grown_session(5, 40)
+    path = write(records, tmp_path / "s.jsonl")
+    old = []
+    for line in map(json.loads, path.read_text().splitlines()):
+        line["schema_version"] = 2
+        if "prompt_from" in line:
+            delta = line["prompt_from"]
+            delta["tail"] = unpack_ids(delta.pop("tail_z"))
+        if "request_from" in line:
+            delta = line["request_from"]
+            delta["text"] = RequestDelta.model_validate(delta).middle()
+            delta.pop("text_z", None)
+        old.append(json.dumps(line))
+    v2 = tmp_path / "v2.jsonl"
+    v2.write_text("\n".join(old) + "\n")
+    assert [r.model_dump(exclude={"schema_version"}) for r in read_records(v2)] == [
+        r.model_dump(exclude={"schema_version"}) for r in records
+    ]
+    assert {r.schema_version for r in read_records(v2)} == {2}

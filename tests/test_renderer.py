@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from nemo_polar.proxy.apis import anthropic, chat, responses
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import verified_local_renderer
-from tests.conftest import ProxyHandle, all_fixtures, load_fixture
+from tests.conftest import all_fixtures, load_fixture, make_proxy
 
 PARSE = {"chat-completions": chat.parse, "responses": responses.parse, "anthropic-messages": anthropic.parse}
 
@@ -34,22 +36,26 @@ async def test_local_render_equals_engine_render_on_every_fixture(engine_url: st
         await engine.aclose()
 
 
-def test_proxy_switches_to_the_verified_local_renderer(proxy: ProxyHandle) -> None:
+def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path: Path) -> None:
     import httpx
 
-    session = proxy.session(sampling_overrides={"max_tokens": 2})
-    body = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
-    headers = {"authorization": f"Bearer {session['api_key']}"}
-    deadline = time.monotonic() + 60
-    while proxy.apps.proxy.renderer.name != "local":
+    with contextlib.closing(make_proxy(engine_url, tmp_path)) as handles:  # a fresh proxy: the shared one switched
+        proxy = next(handles)
+        assert proxy.apps.proxy.renderer.name == "engine"
+        session = proxy.session(sampling_overrides={"max_tokens": 2})
+        body = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"authorization": f"Bearer {session['api_key']}"}
+        deadline = time.monotonic() + 60
+        while proxy.apps.proxy.renderer.name != "local":
+            assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
+            assert time.monotonic() < deadline, "local renderer was never adopted"
+            time.sleep(0.2)
+        records = proxy.records(session["session_id"])
+        assert records[0]["tokenize"] == "full:engine_tokenize"  # the first call was rendered by the engine
         assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
-        assert time.monotonic() < deadline, "local renderer was never adopted"
-        time.sleep(0.2)
-    before = len(proxy.records(session["session_id"]))
-    assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
-    records = proxy.records(session["session_id"])
-    assert len(records) == before + 1
-    assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
+        records = proxy.records(session["session_id"])
+        assert records[-1]["tokenize"] == "full:first"
+        assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
 
 
 @pytest.mark.parametrize(("render", "loaded"), [("auto", True), ("engine", False)])

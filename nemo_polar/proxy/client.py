@@ -42,7 +42,7 @@ class ProxyClient(BaseModel):
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             kw.setdefault("timeout", 30)
             resp = _http().request(method, f"{self.admin_url}{path}", headers=self._headers(), **kw)
@@ -50,7 +50,14 @@ class ProxyClient(BaseModel):
             raise ConnectionError(f"proxy admin API at {self.admin_url} is unreachable: {exc}") from None
         if resp.status_code >= 400:
             raise RuntimeError(f"proxy {method} {path} -> {resp.status_code}: {resp.text[:500]}")
-        return resp.json()
+        return resp
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return self._request(method, path, **kw).json()
+
+    def metrics(self) -> str:
+        """The proxy's Prometheus metrics, in the text format."""
+        return self._request("GET", "/metrics").text
 
     def create_session(self, config: dict[str, Any]) -> tuple[str, str]:
         made = self._call("POST", "/polar/sessions", json=config)

@@ -10,11 +10,11 @@ compares.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.sampling import SamplingParams
 
 
@@ -115,7 +115,7 @@ def fingerprint(messages: list[Message], tools: list[Tool]) -> str:
         "messages": [m.model_dump(mode="json") for m in messages],
         "tools": [t.model_dump(mode="json") for t in tools],
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(fastjson.dumps(payload, sort_keys=True)).hexdigest()
 
 
 def parts_text(content: Any, *, kinds: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:

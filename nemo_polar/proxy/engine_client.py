@@ -1,7 +1,9 @@
 """Async client for the vLLM OpenAI-compatible server the proxy sits in front of.
 
 aiohttp (as NeMo Gym's servers use) rather than httpx: with hundreds of concurrent engine connections,
-httpcore's pool bookkeeping costs milliseconds of CPU per request, which is the proxy's whole budget.
+httpcore's pool bookkeeping costs milliseconds of CPU per request, which is the proxy's whole budget. The engine's
+JSON (a continuation prompt is every id of the context, and vLLM echoes it back) is the fast kind: at a 64k-token
+context the standard library spends ~9 ms writing and ~7 ms reading those lists per call, ``fastjson`` ~1 and ~2.5 ms.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.errors import ProxyError
 
 # Errors raised when a pooled keep-alive connection was closed by the server just before reuse.
@@ -65,7 +68,7 @@ class EngineClient:
 
     async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
         """POST, once more if a pooled connection turned out closed before any response arrived."""
-        data = json.dumps(body, ensure_ascii=False).encode()
+        data = fastjson.dumps(body)
         headers = {"Content-Type": "application/json"}
         for attempt in range(2):
             try:
@@ -80,15 +83,15 @@ class EngineClient:
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         resp = await self._post(path, body)
         try:
-            text = await resp.text()
+            raw = await resp.read()
         except aiohttp.ClientError as exc:
             raise ProxyError(502, f"engine connection lost: {exc!r}", code="engine_error") from exc
         finally:
             resp.release()
         if resp.status != 200:
-            raise engine_error(resp.status, text)
+            raise engine_error(resp.status, raw.decode("utf-8", errors="replace"))
         try:
-            return json.loads(text)
+            return fastjson.loads(raw)
         except ValueError:
             raise ProxyError(502, f"engine answered {path} with invalid JSON", code="engine_error") from None
 
@@ -167,7 +170,7 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]
             data = line[5:].strip()
             if data == b"[DONE]":
                 return
-            payload = json.loads(data)
+            payload = fastjson.loads(data)
             if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
                 err = payload["error"]
                 detail = err.get("message") if isinstance(err, dict) else err

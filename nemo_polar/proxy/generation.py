@@ -12,6 +12,7 @@ tokens as the parent's context closed. The model thus conditions on exactly the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,13 +44,13 @@ class Plan:
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
     """Index just after the ``n``-th occurrence of ``token`` (n >= 1), or None."""
-    seen = 0
-    for i, t in enumerate(ids):
-        if t == token:
-            seen += 1
-            if seen == n:
-                return i + 1
-    return None
+    at = -1
+    try:
+        for _ in range(n):  # list.index scans in C: one pass over a 64k-token prompt costs ~0.1 ms, not ~3 ms
+            at = ids.index(token, at + 1)
+    except ValueError:
+        return None
+    return at + 1
 
 
 async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv: Conversation) -> Plan:
@@ -161,6 +162,7 @@ class Capture:
     finish_reason: str | None = None
     text: str = ""
     prompt_tokens: int = 0
+    first_chunk_at: float | None = None  # time.time() of the engine's first chunk
 
 
 class Generation:
@@ -234,6 +236,8 @@ class Generation:
     # -- chunk handling -----------------------------------------------------------------------------
     def _absorb(self, chunk: dict[str, Any]) -> list[object]:
         cap = self.capture
+        if cap.first_chunk_at is None:
+            cap.first_chunk_at = time.time()
         if chunk.get("prompt_token_ids"):  # chat: top level, first chunk
             cap.prompt_token_ids = list(chunk["prompt_token_ids"])
         usage = chunk.get("usage")

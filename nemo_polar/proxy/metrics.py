@@ -7,6 +7,7 @@ generations, sessions, pause, policy version, engine busy time) is read at scrap
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from http import HTTPStatus
@@ -23,6 +24,7 @@ from nemo_polar.proxy.sessions import SessionStore
 # Agent calls run from milliseconds (a cached tool-call turn) to many minutes (long generations on a loaded engine).
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 RENDER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 
@@ -130,6 +132,20 @@ class ProxyMetrics:
         self.render = Histogram(
             "polar_render_seconds", "Time to build the engine request", ["api"], buckets=RENDER_BUCKETS, registry=r
         )
+        self.stages = Histogram(
+            "polar_call_stage_seconds",
+            "Request arrival to each stage a call reached (parsed, admitted, rendered, engine_accepted, "
+            "first_upstream, first_downstream)",
+            ["api", "stage"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "polar_event_loop_lag_seconds",
+            "How late the proxy's event loop ran a task due every 50 ms (CPU work holding the loop)",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         r.register(_State(admission, sessions))
         self._streaming: set[str] = set()  # call ids whose first event has been seen
 
@@ -148,13 +164,26 @@ class ProxyMetrics:
             self.latency.labels(api, outcome).observe(max(record.finished_at - record.started_at, 0.0))
         if record.render_s is not None:
             self.render.labels(api).observe(record.render_s)
+        for stage, seconds in record.stages.items():
+            self.stages.labels(api, stage).observe(max(seconds, 0.0))
         self._streaming.discard(record.call_id)
 
     def first_event(self, record: CallRecord) -> None:
         """A streaming call sent its harness a generated event: the first one per call is its time to first token."""
         if record.call_id not in self._streaming:
             self._streaming.add(record.call_id)
+            record.reached("first_downstream")
             self.ttft.labels(record.api).observe(max(time.time() - record.started_at, 0.0))
+
+    async def watch_event_loop(self, interval_s: float = 0.05) -> None:
+        """Until cancelled: how late the event loop wakes a task that sleeps ``interval_s``. Every session's requests
+        and streams share this loop, so CPU work that holds it (a render, a large JSON) shows here as lag that
+        delays every other session's bytes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval_s)
+            self.loop_lag.observe(max(loop.time() - start - interval_s, 0.0))
 
     def rejected(self, api: Api, err: ProxyError) -> None:
         """A call refused before it had a session (bad API key): nothing is recorded, but it is counted."""

@@ -14,17 +14,21 @@ Version 2 stores a prompt that extends an earlier record of the same file as wha
 record's call id, how many of its prompt + sampled ids this prompt starts with, the new ids, and a SHA-256 of the
 whole prompt), and the harness's request as the parent's request text with its middle replaced (``request_from``),
 so a session's file grows with its new tokens rather than with its whole context at every call. Readers give back
-full records (:class:`RecordReader`), checking each rebuilt prompt and request against its digest.
+full records (:class:`RecordReader`), checking each rebuilt prompt and request against its digest. Version 3 packs
+what is added, zlib-compressed as base64: the new ids as int32 (``tail_z``) and the request's new text (``text_z``, when
+that is shorter); version 2 files (a JSON list, plain text) still load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
 import sys
 import time
+import zlib
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +43,8 @@ Api = Literal["chat", "responses", "anthropic"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
 
 # Bump when a field's meaning changes or a field a reader must not ignore is added; readers refuse newer records.
-RECORD_SCHEMA_VERSION = 2  # 2: prompts and requests may be stored as what they add to an earlier record
+# 2: prompts and requests may be stored as what they add to an earlier record; 3: those additions zlib-compressed.
+RECORD_SCHEMA_VERSION = 3
 
 
 def newer_schema_error(version: object) -> str | None:
@@ -50,6 +55,12 @@ def newer_schema_error(version: object) -> str | None:
             f"(up to {RECORD_SCHEMA_VERSION}); upgrade nemo_polar to read it"
         )
     return None
+
+
+# Where a call's time to first token goes, in order: its body read and parsed, admitted (past a weight-sync pause),
+# its engine request built, the engine's response headers, the engine's first chunk, the first generated event handed
+# to the harness's stream.
+STAGES = ("parsed", "admitted", "rendered", "engine_accepted", "first_upstream", "first_downstream")
 
 
 class CallRecord(BaseModel):
@@ -73,6 +84,10 @@ class CallRecord(BaseModel):
     render_s: float | None = Field(default=None, description="time spent building the engine request")
     tokenize: str | None = Field(
         default=None, description="continuation mode: tail:<chars> (only the appended text tokenized) or full:<why>"
+    )
+    stages: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds from the request's arrival to each stage the call reached (STAGES), to the millisecond",
     )
     finished_at: float | None = None
     status_code: int = 200
@@ -103,6 +118,11 @@ class CallRecord(BaseModel):
             raise ValueError(why)
         return self
 
+    def reached(self, stage: str, at: float | None = None) -> None:
+        """Note that the call reached ``stage`` (now, or at the ``time.time()`` value ``at``)."""
+        self.stages[stage] = round((time.time() if at is None else at) - self.started_at, 3)
+        self.stages = {name: self.stages[name] for name in STAGES if name in self.stages}  # in the calls' order
+
     def mark_failed(self, message: str, status_code: int) -> CallRecord:
         self.error = message
         self.status_code = status_code
@@ -111,12 +131,49 @@ class CallRecord(BaseModel):
         return self
 
 
-def prompt_digest(ids: list[int]) -> str:
-    """SHA-256 of the ids as little-endian int32: what a stored prompt is checked against when rebuilt."""
+def _int32le(ids: list[int]) -> bytes:
     packed = array("i", ids)
     if sys.byteorder != "little":
         packed.byteswap()
-    return hashlib.sha256(packed.tobytes()).hexdigest()
+    return packed.tobytes()
+
+
+def prompt_digest(ids: list[int]) -> str:
+    """SHA-256 of the ids as little-endian int32: what a stored prompt is checked against when rebuilt."""
+    return hashlib.sha256(_int32le(ids)).hexdigest()
+
+
+def pack_ids(ids: list[int]) -> str:
+    """Token ids as base64 of zlib-compressed little-endian int32: ~2-2.5 bytes a token of real text on disk, where
+    a JSON list takes ~4.6 (and 7 for ids past 100k)."""
+    return base64.b64encode(zlib.compress(_int32le(ids), 6)).decode("ascii")
+
+
+def unpack_ids(text: str) -> list[int]:
+    raw = _inflate(text)
+    if len(raw) % 4:
+        raise ValueError("packed ids are not a whole number of int32")
+    ids = array("i")
+    ids.frombytes(raw)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids.tolist()
+
+
+def _inflate(packed: str) -> bytes:
+    try:
+        return zlib.decompress(base64.b64decode(packed, validate=True))
+    except zlib.error as exc:
+        raise ValueError(f"does not decompress: {exc}") from None
+
+
+def pack_text(text: str) -> str:
+    """An ASCII text zlib-compressed, as base64 (a tool's output or a file a harness resends: 2-4x smaller)."""
+    return base64.b64encode(zlib.compress(text.encode("ascii"), 6)).decode("ascii")
+
+
+def unpack_text(packed: str) -> str:
+    return _inflate(packed).decode("ascii")
 
 
 class PromptDelta(BaseModel):
@@ -124,8 +181,18 @@ class PromptDelta(BaseModel):
 
     call: str = Field(description="the earlier record's call id")
     keep: int = Field(ge=0, description="how many of that record's prompt + sampled ids this prompt starts with")
-    tail: list[int] = Field(description="the ids after those")
+    tail: list[int] | None = Field(default=None, description="the ids after those (schema 2)")
+    tail_z: str | None = Field(default=None, description="the ids after those, pack_ids (schema 3)")
     sha256: str = Field(description="prompt_digest of the whole prompt")
+
+    @model_validator(mode="after")
+    def _one_tail(self) -> PromptDelta:
+        if (self.tail is None) == (self.tail_z is None):
+            raise ValueError("a prompt delta has exactly one of tail and tail_z")
+        return self
+
+    def ids(self) -> list[int]:
+        return self.tail if self.tail is not None else unpack_ids(self.tail_z or "")
 
 
 class RequestDelta(BaseModel):
@@ -136,8 +203,18 @@ class RequestDelta(BaseModel):
     call: str = Field(description="the earlier record's call id")
     prefix: int = Field(ge=0, description="characters kept from the start of that record's request text")
     suffix: int = Field(ge=0, description="characters kept from its end")
-    text: str = Field(description="what stands between them")
+    text: str | None = Field(default=None, description="what stands between them")
+    text_z: str | None = Field(default=None, description="the same, pack_text (when that is shorter)")
     sha256: str = Field(description="of the whole request text (ASCII)")
+
+    @model_validator(mode="after")
+    def _one_text(self) -> RequestDelta:
+        if (self.text is None) == (self.text_z is None):
+            raise ValueError("a request delta has exactly one of text and text_z")
+        return self
+
+    def middle(self) -> str:
+        return self.text if self.text is not None else unpack_text(self.text_z or "")
 
 
 def request_text(request: Any) -> str:
@@ -152,8 +229,8 @@ def _prompt_delta(record: CallRecord, parent: CallRecord) -> PromptDelta | None:
     prompt = record.prompt_token_ids
     for base in (parent.prompt_token_ids + parent.sampled_token_ids, parent.prompt_token_ids):
         if base and prompt[: len(base)] == base:
-            tail = prompt[len(base) :]
-            return PromptDelta(call=parent.call_id, keep=len(base), tail=tail, sha256=prompt_digest(prompt))
+            tail = pack_ids(prompt[len(base) :])
+            return PromptDelta(call=parent.call_id, keep=len(base), tail_z=tail, sha256=prompt_digest(prompt))
     return None
 
 
@@ -161,19 +238,33 @@ def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _request_delta(text: str, parent: CallRecord, parent_digest: str | None) -> RequestDelta | None:
-    """``text`` (a request text) as a delta of ``parent``'s request, if that is still what was written for it."""
-    if parent.request is None or parent_digest is None:
-        return None
-    before = request_text(parent.request)
-    if _text_digest(before) != parent_digest:  # changed in memory since it was written: not what a reader has
-        return None
+def _request_delta(text: str, before: str, parent: CallRecord) -> RequestDelta | None:
+    """``text`` (a request text) as a delta of ``before``, the request text written for ``parent``."""
     prefix = common_prefix(before, text)
     suffix = common_suffix(before, text, min(len(before), len(text)) - prefix)
     if prefix + suffix < MIN_REQUEST_SHARED:
         return None
     middle = text[prefix : len(text) - suffix]
-    return RequestDelta(call=parent.call_id, prefix=prefix, suffix=suffix, text=middle, sha256=_text_digest(text))
+    packed = pack_text(middle)
+    stored = {"text_z": packed} if len(packed) < len(middle) else {"text": middle}
+    return RequestDelta(call=parent.call_id, prefix=prefix, suffix=suffix, sha256=_text_digest(text), **stored)
+
+
+class _RecentTexts:
+    """The request texts of the last few records written or read (a session's next call almost always extends the
+    last one): the parent's text without serialising its request again. Few, since each is a whole history."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._texts: dict[str, str] = {}
+
+    def get(self, call_id: str) -> str | None:
+        return self._texts.get(call_id)
+
+    def put(self, call_id: str, text: str) -> None:
+        self._texts[call_id] = text
+        while len(self._texts) > self.size:
+            del self._texts[next(iter(self._texts))]
 
 
 class RecordWriter:
@@ -184,6 +275,7 @@ class RecordWriter:
         self._lock = asyncio.Lock()
         self._written: dict[str, CallRecord] = {}  # by call id: what a later prompt may be stored against
         self._request_digests: dict[str, str] = {}  # by call id: the digest of the request text written for it
+        self._texts = _RecentTexts()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -195,19 +287,31 @@ class RecordWriter:
         text = None if record.request is None else request_text(record.request)
         if text is not None:
             self._request_digests[record.call_id] = _text_digest(text)
+            self._texts.put(record.call_id, text)
         stored: dict[str, BaseModel] = {}
         if parent is not None:
             if (prompt := _prompt_delta(record, parent)) is not None:
                 stored["prompt_from"] = prompt
-            digest = self._request_digests.get(parent.call_id)
-            if text is not None and (request := _request_delta(text, parent, digest)) is not None:
+            before = self._parent_text(parent)
+            if text is not None and before is not None and (request := _request_delta(text, before, parent)):
                 stored["request_from"] = request
         if not stored:
             return record.model_dump_json() + "\n"
         exclude = {"prompt_token_ids"} if "prompt_from" in stored else set()
         exclude |= {"request"} if "request_from" in stored else set()
         body = record.model_dump_json(exclude=exclude)
-        return body[:-1] + "".join(f',"{k}":{v.model_dump_json()}' for k, v in stored.items()) + "}\n"
+        return body[:-1] + "".join(f',"{k}":{v.model_dump_json(exclude_none=True)}' for k, v in stored.items()) + "}\n"
+
+    def _parent_text(self, parent: CallRecord) -> str | None:
+        """The request text written for ``parent``, or None when there is none or its request has changed in memory
+        since (a reader rebuilds from what was written)."""
+        if (text := self._texts.get(parent.call_id)) is not None:
+            return text
+        digest = self._request_digests.get(parent.call_id)
+        if parent.request is None or digest is None:
+            return None
+        text = request_text(parent.request)
+        return text if _text_digest(text) == digest else None
 
     def _append_sync(self, line: str) -> None:
         assert self.path is not None
@@ -239,6 +343,7 @@ class RecordReader:
     def __init__(self, verify: bool = True) -> None:
         self.verify = verify
         self._seen: dict[str, CallRecord] = {}
+        self._texts = _RecentTexts()
 
     def decode(self, data: Any) -> CallRecord:
         """A parsed line; raises ValueError saying what is wrong with it."""
@@ -246,8 +351,10 @@ class RecordReader:
             raise RecordError(why)  # before validation, so the message is this one, not a pydantic error dump
         if isinstance(data, dict):
             data = {"schema_version": 1, **data}  # written before the field existed
+        text = None
         if isinstance(data, dict) and "request_from" in data:
-            data["request"] = self._request(RequestDelta.model_validate(data.pop("request_from")))
+            text = self._request_text(RequestDelta.model_validate(data.pop("request_from")))
+            data["request"] = json.loads(text)
         base = delta = None
         if isinstance(data, dict) and "prompt_from" in data:
             delta = PromptDelta.model_validate(data.pop("prompt_from"))
@@ -257,7 +364,11 @@ class RecordReader:
             ids = base.prompt_token_ids + base.sampled_token_ids
             if delta.keep > len(ids):
                 raise RecordError(f"its prompt keeps {delta.keep} ids of call {delta.call}, which has {len(ids)}")
-            prompt = ids[: delta.keep] + delta.tail
+            try:
+                tail = delta.ids()
+            except ValueError as exc:
+                raise RecordError(f"its prompt's packed ids do not unpack: {exc}") from None
+            prompt = ids[: delta.keep] + tail
             if self.verify and prompt_digest(prompt) != delta.sha256:
                 raise RecordError("its rebuilt prompt does not match the digest it was written with")
             data["prompt_token_ids"] = prompt
@@ -272,19 +383,25 @@ class RecordReader:
         ):
             record._extends = (base.prompt_token_ids, base.sampled_token_ids, record.prompt_token_ids)
         self._seen[record.call_id] = record
+        if text is not None:
+            self._texts.put(record.call_id, text)
         return record
 
-    def _request(self, delta: RequestDelta) -> Any:
+    def _request_text(self, delta: RequestDelta) -> str:
         base = self._seen.get(delta.call)
         if base is None:
             raise RecordError(f"its request extends call {delta.call}, which is not an earlier record of the file")
-        before = request_text(base.request)
+        before = self._texts.get(delta.call) or request_text(base.request)
         if delta.prefix + delta.suffix > len(before):
             raise RecordError(f"its request keeps {delta.prefix + delta.suffix} characters of call {delta.call}'s")
-        text = before[: delta.prefix] + delta.text + before[len(before) - delta.suffix :]
+        try:
+            middle = delta.middle()
+        except ValueError as exc:
+            raise RecordError(f"its request's packed text does not unpack: {exc}") from None
+        text = before[: delta.prefix] + middle + before[len(before) - delta.suffix :]
         if self.verify and _text_digest(text) != delta.sha256:
             raise RecordError("its rebuilt request does not match the digest it was written with")
-        return json.loads(text)
+        return text
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, CallRecord]]:
