@@ -1,8 +1,9 @@
 """Per-call render cost at real session sizes: a session of ``--calls`` calls whose history grows to ``--context``
 tokens (each call appends a sampled assistant turn and a tool result), rendered as the proxy renders it in
 continuation mode (Qwen3 tokenizer and chat template of tiny-qwen3, in process; no engine: this is the proxy's own
-CPU work). Two ways side by side on the same renders: the whole text tokenized on every call, and only what the
-call appended (``IncrementalEncoder``, the proxy's way), whose ids must equal the full ones on every call. Printed:
+CPU work). Two ways side by side on the same renders: the whole template rendered and its whole text tokenized on
+every call, and the proxy's way — the template run over the new messages only (``SegmentedTemplate``) and only the
+text they add tokenized (``IncrementalEncoder``) — whose ids must equal the full ones on every call. Printed:
 ms per call at the last calls, and the exponent of per-call time against context length (0 = flat, 1 = linear in
 the context). The last line is the incremental render's ms per call at full size.
 
@@ -66,7 +67,7 @@ def main() -> None:
     ]
     cache = TokenCache()
     rows: list[tuple[int, float, float, float]] = []  # (context tokens, template ms, full ms, incremental ms)
-    tails = 0
+    tails = segmented = 0
     for i in range(args.calls):
         t0 = time.perf_counter()
         local.tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
@@ -77,6 +78,7 @@ def main() -> None:
         t3 = time.perf_counter()
         assert incremental == full, f"call {i}: incremental ids differ from the full tokenization ({cache.how})"
         tails += cache.how.startswith("tail:")
+        segmented += cache.template_how.startswith("messages:")
         rows.append((len(full), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
         call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
         messages.append({"role": "assistant", "content": text(rng, step // 4), "tool_calls": [call]})
@@ -87,8 +89,11 @@ def main() -> None:
     later = [r for r in rows if r[0] >= rows[-1][0] / 8]  # past the fixed system prompt's share
     exp_full = fit_exponent([(r[0], r[2]) for r in later])
     exp_inc = fit_exponent([(r[0], r[3]) for r in later])
-    print(f"{args.calls} calls, context {rows[0][0]} -> {rows[-1][0]} tokens; {tails}/{args.calls} tokenized the tail")
-    print(f"last 10 calls (~{ctx:.0f} tokens): template {template_ms:.1f} ms (in both)")
+    print(
+        f"{args.calls} calls, context {rows[0][0]} -> {rows[-1][0]} tokens; {tails}/{args.calls} tokenized the tail, "
+        f"{segmented}/{args.calls} ran the template over the new messages only"
+    )
+    print(f"last 10 calls (~{ctx:.0f} tokens): whole template alone {template_ms:.1f} ms")
     print(f"  full tokenization   {full_ms:7.1f} ms/call   exponent vs context {exp_full:.2f}")
     print(f"  incremental         {inc_ms:7.1f} ms/call   exponent vs context {exp_inc:.2f}")
     figures = {

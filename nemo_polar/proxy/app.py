@@ -198,7 +198,7 @@ class Proxy:
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
-            record.tokenize = the_plan.tokenize
+            record.tokenize, record.template = the_plan.tokenize, the_plan.template
             record.sampling = the_plan.sampling
             record.prompt_token_ids = list(the_plan.prompt_token_ids)
             record.reached("rendered")

@@ -40,6 +40,7 @@ class Plan:
     render_reason: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
     tokenize: str | None = None  # how the render was tokenized (continuation mode): tail:<chars> or full:<why>
+    template: str | None = None  # how the chat template ran (continuation mode): messages:<n> or full:<why>
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -67,7 +68,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
 
     if mode == "continuation":
         full = await renderer.render(conv.template_messages(), tools, kwargs, session.token_cache)
-        tokenize = session.token_cache.how
+        tokenize, template = session.token_cache.how, session.token_cache.template_how
         prompt = full
         if parent is not None:
             prompt, reason = _continue(parent, full, info.eot_id, engine.eot_token)
@@ -83,6 +84,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
             reason,
             prompt,
             tokenize,
+            template,
         )
 
     messages = conv.template_messages()

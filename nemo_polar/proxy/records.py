@@ -85,6 +85,11 @@ class CallRecord(BaseModel):
     tokenize: str | None = Field(
         default=None, description="continuation mode: tail:<chars> (only the appended text tokenized) or full:<why>"
     )
+    template: str | None = Field(
+        default=None,
+        description="continuation mode: messages:<n> (the chat template ran over the last n messages only) or "
+        "full:<why>",
+    )
     stages: dict[str, float] = Field(
         default_factory=dict,
         description="seconds from the request's arrival to each stage the call reached (STAGES), to the millisecond",

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from jinja2 import TemplateSyntaxError
+
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.prefix import common_prefix
+from nemo_polar.proxy.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class EngineRenderer:
         cache: TokenCache | None = None,
     ) -> list[int]:
         if cache is not None:
-            cache.how = "full:engine_tokenize"
+            cache.how = cache.template_how = "full:engine_tokenize"
         return await self.engine.tokenize_chat(messages, tools, kwargs)
 
 
@@ -115,6 +118,7 @@ class LocalRenderer:
             self.tokenizer.chat_template = template.read_text()
         self.tokenizer.model_max_length = 1 << 40  # a render is as long as its session: the engine checks the context
         self.incremental = IncrementalEncoder.for_tokenizer(self.tokenizer)
+        self.segments = _segmented(self.tokenizer.chat_template)
 
     def render_sync(
         self,
@@ -123,12 +127,36 @@ class LocalRenderer:
         kwargs: dict[str, Any],
         cache: TokenCache | None = None,
     ) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            _as_vllm_sees_them(messages), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-        )
-        if cache is not None and self.incremental is not None:
-            return self.incremental.encode(text, cache)
-        return self.encode(text)
+        view = _as_vllm_sees_them(messages)
+
+        def render(source: str | None = None, **marks: Any) -> str:
+            return self.tokenizer.apply_chat_template(
+                view, tools=tools, chat_template=source, add_generation_prompt=True, tokenize=False, **kwargs, **marks
+            )
+
+        if cache is None:
+            return self.encode(render())
+        with cache.lock:
+            text = self._template(render, view, tools, kwargs, cache)
+            if self.incremental is not None:
+                return self.incremental.encode(text, cache)
+            return self.encode(text)
+
+    def _template(
+        self, render: Any, view: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TokenCache
+    ) -> str:
+        """The template's text, running it over the new messages only where ``SegmentedTemplate`` proves that
+        enough; ``cache.template_how`` says which."""
+        if self.segments is None or START in kwargs or MARK in kwargs:
+            cache.template_how = "full:not_segmentable"
+            return render()
+        try:
+            text, cache.template_how = self.segments.render(render, view, tools, kwargs, cache.template)
+            return text
+        except Exception as exc:  # the mark in a message, or the derived template's state not JSON: render whole
+            cache.template = TemplateCache()
+            cache.template_how = f"full:{type(exc).__name__}"
+            return render()  # raises what the template itself raises for this conversation
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -152,7 +180,9 @@ class TokenCache:
     ids: list[int] = field(default_factory=list)
     marks: list[tuple[int, int]] = field(default_factory=list)  # (char end, token end) after each boundary token
     how: str = ""
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    template: TemplateCache = field(default_factory=TemplateCache)
+    template_how: str = ""
+    lock: threading.RLock = field(default_factory=threading.RLock)  # held across the template and the tokenization
 
 
 class IncrementalEncoder:
@@ -223,6 +253,19 @@ class IncrementalEncoder:
         if k == 0:
             return 0, "full:no_boundary_in_common_prefix"
         return k, f"tail:{len(text) - cache.marks[k - 1][0]}"
+
+
+def _segmented(template: Any) -> SegmentedTemplate | None:
+    """The template derived for rendering only new messages, or None (it is then rendered whole every call)."""
+    if not isinstance(template, str):
+        return None
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # the environment it renders in
+
+        return SegmentedTemplate.derive(template, _compile_jinja_template(template).environment)
+    except (ImportError, NotSegmentable, TemplateSyntaxError) as exc:
+        log.info("the chat template runs over the whole history on every call: %s", exc)
+        return None
 
 
 async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:

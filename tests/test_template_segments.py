@@ -1,0 +1,164 @@
+"""The chat template runs over only the messages a call appended (SegmentedTemplate): the text must equal the whole
+template's render on every call, whatever the conversation does; a template whose iterations could see more than a
+bounded window of messages, or change what a later one renders, is refused; and every fallback says why."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from jinja2 import Environment
+from transformers.utils.chat_template_utils import _compile_jinja_template
+
+from nemo_polar.proxy.renderer import PROBE_TOOLS, TokenCache, _as_vllm_sees_them
+from nemo_polar.proxy.template_segments import NotSegmentable, SegmentedTemplate, TemplateCache
+from tests.test_incremental_render import MODELS, NASTY, grow, renderer
+
+
+def env(template: str) -> Environment:
+    """The environment transformers renders chat templates in (trim_blocks, lstrip_blocks, its extensions)."""
+    return _compile_jinja_template(template).environment
+
+
+def rendering(e: Environment, messages: list[dict[str, Any]], **context: Any) -> Any:
+    """``render(source, **marks)`` for SegmentedTemplate.render: a template's source rendered in ``e``."""
+    return lambda source, **marks: e.from_string(source).render(messages=messages, **context, **marks)
+
+
+def whole(local: Any, messages: list[dict[str, Any]], tools: Any) -> str:
+    view = _as_vllm_sees_them(messages)
+    return local.tokenizer.apply_chat_template(view, tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_segmented_text_equals_the_whole_render(model: str) -> None:
+    local = renderer(model)
+    assert local.segments is not None, "the model's own template is proven local"
+    hows: list[str] = []
+    for seed in range(3):
+        rng = random.Random(seed)
+        cache = TokenCache()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+        messages.append({"role": "user", "content": rng.choice(NASTY) + " fix the bug"})
+        tools: Any = PROBE_TOOLS
+        for turn in range(40):
+            if turn == 20:  # the harness rewrites one message in the middle of the history
+                messages[5] = {**messages[5], "content": "rewritten"}
+            if turn == 30:
+                tools = None
+            ids = local.render_sync(messages, tools, {}, cache)
+            assert cache.template.text == whole(local, messages, tools), (model, seed, turn, cache.template_how)
+            assert ids == local.render_sync(messages, tools, {})
+            hows.append(cache.template_how)
+            grow(rng, messages, turn)
+        assert hows[-40] == "full:first" and hows[-10] == "full:tools_or_arguments_changed"
+        rewrite = hows.pop(-20)  # from the rewritten message on
+        assert rewrite.startswith("messages:") and int(rewrite.split(":")[1]) == 2 * 20 + 2 - 4
+    assert sum(h.startswith("messages:") for h in hows) == len(hows) - 2 * 3, hows
+    assert max(int(h.split(":")[1]) for h in hows if h.startswith("messages:")) <= 3  # 2 new, 1 they change
+
+
+SIMPLE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+)
+REFUSED = {
+    "an iteration sets a namespace attribute": "{% set ns = namespace(n=0) %}{% for m in messages %}"
+    "{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endfor %}",
+    "loop.length": "{% for m in messages %}{{ loop.length }}{% endfor %}",
+    "reads messages other than by loop.index0": "{% for m in messages %}{{ messages[0].content }}{% endfor %}",
+    "breaks the loop": "{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+    "2 top-level loops": SIMPLE + SIMPLE,
+    "calls strftime_now": "{% for m in messages %}{{ strftime_now('%Y') }}{% endfor %}",
+    "uses messages as a whole": "{% macro n() %}{{ messages | length }}{% endmacro %}"
+    "{% for m in messages %}{{ n() }}{% endfor %}",
+    "loop.changed": "{% for m in messages %}{% if loop.changed(m.role) %}{{ m.role }}{% endif %}{% endfor %}",
+    "uses loop as a whole": "{% macro f(l) %}{{ l.length }}{% endmacro %}{% for m in messages %}{{ f(loop) }}"
+    "{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("why", list(REFUSED))
+def test_templates_an_iteration_could_see_past_its_window_are_refused(why: str) -> None:
+    template = REFUSED[why]
+    with pytest.raises(NotSegmentable, match=why):
+        SegmentedTemplate.derive(template, env(template))
+
+
+def test_an_environment_that_lets_templates_mutate_values_is_refused() -> None:
+    with pytest.raises(NotSegmentable, match="change a list or dict"):
+        SegmentedTemplate.derive(SIMPLE, Environment())
+
+
+# The same loop under each whitespace control the tags allow, on lines of their own or inline.
+SHAPES = [
+    "{%- for m in messages -%}\n  <{{ m.role }}>{{ m.content }}\n{%- endfor -%}\n{{ '>' if add_generation_prompt }}",
+    "head\n{% for m in messages %}\n    <{{ m.role }}>\n    {{ m.content }}\n  {% endfor %}\ntail",
+    "{% for m in messages +%}\n <{{ m.role }}>{% if loop.last %}last{% endif %}\n{%+ endfor %}\n",
+    "{%- for m in messages %}{% for c in m.get('calls', []) %}{{ loop.index }}{{ c }}{% endfor %}"
+    "{%- if not loop.first and messages[loop.index0 - 1].role == m.role %}+{% endif %}"
+    "{%- if not loop.last and messages[loop.index0 + 2] is defined %}~{% endif %}{{ m.content }}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_every_whitespace_shape_renders_as_the_original(shape: int) -> None:
+    template = SHAPES[shape]
+    e = env(template)
+    seg = SegmentedTemplate.derive(template, e)
+    assert seg.lookahead == (2 if shape == 3 else 1)
+    rng = random.Random(shape)
+    cache = TemplateCache()
+    messages: list[dict[str, Any]] = []
+    for turn in range(12):
+        role = rng.choice(["user", "assistant", "tool"])
+        messages = [*messages, {"role": role, "content": rng.choice(NASTY) + f" {turn}", "calls": [turn] * (turn % 3)}]
+        text, how = seg.render(
+            rendering(e, messages, add_generation_prompt=True),
+            messages,
+            None,
+            {},
+            cache,
+        )
+        assert text == e.from_string(template).render(messages=messages, add_generation_prompt=True), (turn, how)
+        lookahead = seg.lookahead
+        assert how == (
+            "full:first" if turn == 0 else "full:history_changed" if turn <= lookahead else f"messages:{lookahead + 1}"
+        )
+
+
+def test_a_prelude_value_an_iteration_reads_forces_the_whole_render_when_it_changes() -> None:
+    """The last user message's index, found by a reversed scan before the loop (as Qwen3's template does), decides
+    how later turns render: a new user message changes it, so earlier iterations are rendered again."""
+    template = (
+        "{%- set ns = namespace(last_user=-1) -%}"
+        "{%- for m in messages | reverse -%}{%- if m.role == 'user' and ns.last_user < 0 -%}"
+        "{%- set ns.last_user = messages | length - 1 - loop.index0 -%}{%- endif -%}{%- endfor -%}"
+        "{%- for m in messages -%}{%- if loop.index0 > ns.last_user -%}[after]{%- endif -%}{{ m.content }}|"
+        "{%- endfor -%}"
+    )
+    e = env(template)
+    seg = SegmentedTemplate.derive(template, e)
+    cache = TemplateCache()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "u0"}]
+    hows = []
+    for role in ["assistant", "tool", "assistant", "user", "assistant", "tool"]:
+        messages = [*messages, {"role": role, "content": role[0]}]
+        text, how = seg.render(rendering(e, messages), messages, None, {}, cache)
+        assert text == e.from_string(template).render(messages=messages)
+        hows.append(how)
+    assert hows == ["full:first", "messages:2", "messages:2", "full:prelude_changed", "messages:2", "messages:2"]
+
+
+def test_a_message_holding_the_mark_is_rendered_whole() -> None:
+    local = renderer(MODELS[0])
+    assert local.segments is not None
+    cache = TokenCache()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
+    local.render_sync(messages, None, {}, cache)
+    messages += [{"role": "user", "content": f"echo {local.segments.mark}"}]
+    assert local.render_sync(messages, None, {}, cache) == local.render_sync(messages, None, {})
+    assert cache.template_how == "full:NotSegmentable" and cache.template.text == ""
+    messages += [{"role": "assistant", "content": "ok"}]
+    local.render_sync(messages, None, {}, cache)
+    assert cache.template_how == "full:NotSegmentable"  # the mark stays in the history: every call renders whole
