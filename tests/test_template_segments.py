@@ -162,3 +162,19 @@ def test_a_message_holding_the_mark_is_rendered_whole() -> None:
     messages += [{"role": "assistant", "content": "ok"}]
     local.render_sync(messages, None, {}, cache)
     assert cache.template_how == "full:NotSegmentable"  # the mark stays in the history: every call renders whole
+
+
+def test_unchanged_means_the_same_json_not_python_equality() -> None:
+    """``True == 1 == 1.0`` in Python, and dicts are equal in any key order, but a template renders each its way."""
+    e = env(SIMPLE)
+    seg = SegmentedTemplate.derive(SIMPLE, e)
+    cache = TemplateCache()
+    before = [{"role": "user", "content": 1}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+    seg.render(rendering(e, before, add_generation_prompt=True), before, None, {}, cache)
+    for changed in (True, 1.0):
+        later = [{"role": "user", "content": changed}, *before[1:], {"role": "assistant", "content": "c"}]
+        text, how = seg.render(rendering(e, later, add_generation_prompt=True), later, None, {}, cache)
+        assert text == e.from_string(SIMPLE).render(messages=later, add_generation_prompt=True)
+        assert how == "full:history_changed"
+    reordered = [{"content": True, "role": "user"}, *later[1:], {"role": "user", "content": "d"}]
+    assert seg.render(rendering(e, reordered), reordered, None, {}, cache)[1] == "full:history_changed"

@@ -31,6 +31,7 @@ from typing import Any
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.prefix import common_prefix
 
 START = "polar_render_start"
@@ -49,9 +50,8 @@ class NotSegmentable(Exception):
 class TemplateCache:
     """One session's last render, as the next call needs it."""
 
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tools: Any = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    messages: list[bytes] = field(default_factory=list)  # each message as JSON (see ``_inputs``)
+    inputs: bytes = b""  # the tools and template arguments as JSON
     text: str = ""
     starts: list[int] = field(default_factory=list)  # where each message's iteration begins in ``text``
     state: str = ""  # the prelude's variables that iterations read, as JSON
@@ -82,7 +82,8 @@ class SegmentedTemplate:
     ) -> tuple[str, str]:
         """(text, how): ``render(template, **arguments)`` renders a template as the renderer does (for this one,
         with ``polar_render_start`` and ``polar_render_mark``). Raises what rendering raises."""
-        start, why = self._start(messages, tools, kwargs, cache)
+        keys, inputs = [fastjson.dumps(m) for m in messages], fastjson.dumps([tools, kwargs])
+        start, why = self._start(keys, inputs, cache)
         out = render(self.source, **{START: start, MARK: self.mark})
         parts = out.split(self.mark)
         if start >= len(messages) or len(parts) != len(messages) - start + 2:
@@ -100,19 +101,18 @@ class SegmentedTemplate:
             pos += len(body)
             starts.append(pos)
         text = kept + "".join(bodies)
-        cache.messages, cache.tools, cache.kwargs = messages, tools, kwargs
+        cache.messages, cache.inputs = keys, inputs
         cache.text, cache.starts, cache.state = text, starts, state
         return text, (f"messages:{len(messages) - start}" if start else why)
 
-    def _start(
-        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TemplateCache
-    ) -> tuple[int, str]:
+    def _start(self, messages: list[bytes], inputs: bytes, cache: TemplateCache) -> tuple[int, str]:
         """The first message to render, and the reason when it is 0. An iteration before it reads messages up to
         ``lookahead`` past its own, which must exist and be equal in the previous call (and not have been its last,
-        whose end the previous text does not show apart from the generation prompt)."""
+        whose end the previous text does not show apart from the generation prompt). Equal means equal JSON, not
+        ``==``: ``True == 1 == 1.0`` and dicts equal in another key order render differently."""
         if not cache.starts:
             return 0, "full:first"
-        if tools != cache.tools or kwargs != cache.kwargs:
+        if inputs != cache.inputs:
             return 0, "full:tools_or_arguments_changed"
         same = common_prefix(messages, cache.messages)
         start = min(same, len(cache.messages), len(messages)) - self.lookahead
