@@ -6,6 +6,7 @@ right after a turn boundary — for each offline model's real tokenizer and chat
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,16 +48,20 @@ def grow(rng: random.Random, messages: list[dict[str, Any]], turn: int) -> None:
         messages.append({"role": "tool", "tool_call_id": f"c{turn}", "content": text})
 
 
+def sessions(count: int = 3) -> Iterator[tuple[int, random.Random, TokenCache, list[dict[str, Any]]]]:
+    """Fresh agent sessions: (seed, its random source, its token cache, its opening messages)."""
+    for seed in range(count):
+        rng = random.Random(seed)
+        opening = [{"role": "system", "content": "You are a coding agent."}]
+        yield seed, rng, TokenCache(), [*opening, {"role": "user", "content": rng.choice(NASTY) + " fix the bug"}]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_incremental_ids_equal_the_full_tokenization(model: str) -> None:
     local = renderer(model)
     assert local.incremental is not None, "the model's tokenizer has boundary tokens"
     hows: list[str] = []
-    for seed in range(3):
-        rng = random.Random(seed)
-        cache = TokenCache()
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
-        messages.append({"role": "user", "content": rng.choice(NASTY) + " fix the bug"})
+    for seed, rng, cache, messages in sessions():
         for turn in range(40):
             tools = PROBE_TOOLS if seed != 1 else None
             full = local.render_sync(messages, tools, {})  # no cache: the whole text tokenized

@@ -13,7 +13,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from nemo_polar.proxy.renderer import PROBE_TOOLS, TokenCache, _as_vllm_sees_them
 from nemo_polar.proxy.template_segments import NotSegmentable, SegmentedTemplate, TemplateCache
-from tests.test_incremental_render import MODELS, NASTY, grow, renderer
+from tests.test_incremental_render import MODELS, NASTY, grow, renderer, sessions
 
 
 def env(template: str) -> Environment:
@@ -36,11 +36,7 @@ def test_segmented_text_equals_the_whole_render(model: str) -> None:
     local = renderer(model)
     assert local.segments is not None, "the model's own template is proven local"
     hows: list[str] = []
-    for seed in range(3):
-        rng = random.Random(seed)
-        cache = TokenCache()
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
-        messages.append({"role": "user", "content": rng.choice(NASTY) + " fix the bug"})
+    for seed, rng, cache, messages in sessions():
         tools: Any = PROBE_TOOLS
         for turn in range(40):
             if turn == 20:  # the harness rewrites one message in the middle of the history
