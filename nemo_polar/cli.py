@@ -50,6 +50,7 @@ def _proxy(args: argparse.Namespace) -> int:
         "admin_token": args.admin_token or _token_file(args.admin_token_file) or os.environ.get("POLAR_ADMIN_TOKEN"),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
+    values.setdefault("freeze_heap", True)  # this process is the proxy's own
     if "engine_url" not in values:
         raise SystemExit("polar proxy: --engine-url (or engine_url in --config) is required")
     config = ProxyConfig.model_validate(values)

@@ -37,8 +37,13 @@ async def test_local_render_equals_engine_render_on_every_fixture(engine_url: st
 
 
 def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path: Path) -> None:
+    """... and, running inside this test process, never freezes its host's heap (only `polar proxy`, which owns its
+    process, does): frozen, a closed session's objects could never be collected."""
+    import gc
+
     import httpx
 
+    frozen = gc.get_freeze_count()
     with contextlib.closing(make_proxy(engine_url, tmp_path)) as handles:  # a fresh proxy: the shared one switched
         proxy = next(handles)
         assert proxy.apps.proxy.renderer.name == "engine"
@@ -56,6 +61,8 @@ def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path
         records = proxy.records(session["session_id"])
         assert records[-1]["tokenize"] == "full:first"
         assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
+        assert records[-1]["template"] == "full:first"
+    assert gc.get_freeze_count() == frozen
 
 
 @pytest.mark.parametrize(("render", "loaded"), [("auto", True), ("engine", False)])

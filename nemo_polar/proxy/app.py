@@ -65,6 +65,11 @@ class ProxyConfig(BaseModel):
         description="the engine's model name when it serves no /v1/models (NeMo-RL's vLLM HTTP server); "
         "otherwise the engine's own model list is used",
     )
+    freeze_heap: bool = Field(
+        default=False,
+        description="the proxy owns its process (`polar proxy`): freeze the start-up heap (settle_heap). Off where "
+        "it runs inside another program, whose objects a freeze would keep from ever being collected",
+    )
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -94,7 +99,8 @@ class Proxy:
             return
         if local is not None:
             self.renderer = local
-            settle_heap()  # the tokenizer's objects are long-lived too
+            if self.config.freeze_heap:
+                settle_heap()  # the tokenizer's objects are long-lived too
 
     # -- auth and input -----------------------------------------------------------------------------
     def authenticate(self, request: Request) -> Session:
@@ -326,7 +332,9 @@ def settle_heap() -> None:
     A full collection traverses every tracked object and holds the GIL throughout: with transformers loaded that is
     ~100k objects and ~65 ms on an idle 2-core machine, a stall of the event loop and of every render. Frozen, the
     start-up heap is never traversed again; what calls allocate is collected as before. vLLM's API server freezes its
-    start-up heap the same way (vllm 0.32, entrypoints/launchers/utils/server_utils.py: freeze_gc_heap)."""
+    start-up heap the same way (vllm 0.32, entrypoints/launchers/utils/server_utils.py: freeze_gc_heap). Process-wide,
+    so only where the proxy owns its process (``ProxyConfig.freeze_heap``); the sessions alive when the local renderer
+    is adopted (those of the first calls) are frozen with it, a bounded one-time cost."""
     gc.collect()
     gc.freeze()
 
@@ -455,7 +463,8 @@ def _admin_app(proxy: Proxy) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        settle_heap()
+        if config.freeze_heap:
+            settle_heap()
         watch = asyncio.create_task(proxy.metrics.watch_event_loop())  # the listeners share one loop
         yield
         watch.cancel()
