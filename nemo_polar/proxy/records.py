@@ -151,7 +151,7 @@ def prompt_digest(ids: list[int]) -> str:
 def pack_ids(ids: list[int]) -> str:
     """Token ids as base64 of zlib-compressed little-endian int32: ~2-2.5 bytes a token of real text on disk, where
     a JSON list takes ~4.6 (and 7 for ids past 100k)."""
-    return base64.b64encode(zlib.compress(_int32le(ids), 6)).decode("ascii")
+    return _deflate(_int32le(ids))
 
 
 def unpack_ids(text: str) -> list[int]:
@@ -165,6 +165,10 @@ def unpack_ids(text: str) -> list[int]:
     return ids.tolist()
 
 
+def _deflate(raw: bytes) -> str:
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
 def _inflate(packed: str) -> bytes:
     try:
         return zlib.decompress(base64.b64decode(packed, validate=True))
@@ -174,7 +178,7 @@ def _inflate(packed: str) -> bytes:
 
 def pack_text(text: str) -> str:
     """An ASCII text zlib-compressed, as base64 (a tool's output or a file a harness resends: 2-4x smaller)."""
-    return base64.b64encode(zlib.compress(text.encode("ascii"), 6)).decode("ascii")
+    return _deflate(text.encode("ascii"))
 
 
 def unpack_text(packed: str) -> str:

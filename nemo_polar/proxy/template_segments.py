@@ -84,16 +84,10 @@ class SegmentedTemplate:
         with ``polar_render_start`` and ``polar_render_mark``). Raises what rendering raises."""
         keys, inputs = [fastjson.dumps(m) for m in messages], fastjson.dumps([tools, kwargs])
         start, why = self._start(keys, inputs, cache)
-        out = render(self.source, **{START: start, MARK: self.mark})
-        parts = out.split(self.mark)
-        if start >= len(messages) or len(parts) != len(messages) - start + 2:
-            raise NotSegmentable("a message holds the render mark")  # or the template skipped iterations
-        prelude, state, bodies = parts[0], parts[1], parts[2:]
+        prelude, state, bodies = self._parts(render, start, len(messages))
         if start and (prelude != cache.text[: cache.starts[0]] or state != cache.state):
             start, why = 0, "full:prelude_changed"
-            out = render(self.source, **{START: 0, MARK: self.mark})
-            parts = out.split(self.mark)
-            prelude, state, bodies = parts[0], parts[1], parts[2:]
+            prelude, state, bodies = self._parts(render, start, len(messages))
         kept = cache.text[: cache.starts[start]] if start else prelude
         starts = [*cache.starts[:start], len(kept)]
         pos = len(kept)
@@ -104,6 +98,14 @@ class SegmentedTemplate:
         cache.messages, cache.inputs = keys, inputs
         cache.text, cache.starts, cache.state = text, starts, state
         return text, (f"messages:{len(messages) - start}" if start else why)
+
+    def _parts(self, render: Any, start: int, count: int) -> tuple[str, str, list[str]]:
+        """The derived template rendered from message ``start`` of ``count``: (the prelude's text, its values the loop
+        reads as JSON, each rendered message's text with the postlude after the last)."""
+        parts = render(self.source, **{START: start, MARK: self.mark}).split(self.mark)
+        if start >= count or len(parts) != count - start + 2:
+            raise NotSegmentable("a message holds the render mark")  # or the template skipped iterations
+        return parts[0], parts[1], parts[2:]
 
     def _start(self, messages: list[bytes], inputs: bytes, cache: TemplateCache) -> tuple[int, str]:
         """The first message to render, and the reason when it is 0. An iteration before it reads messages up to
