@@ -15,15 +15,29 @@ from pathlib import Path
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, stop_group, wait_healthy
 from nemo_polar.proxy.client import ProxyClient
 
+_ENGINE_PIDS: dict[str, int] = {}
+
 
 @contextmanager
 def engine(model: str = "tiny-qwen3") -> Iterator[str]:
-    """``POLAR_BENCH_ENGINE_URL`` reuses a running engine; otherwise one is started for the run."""
+    """``POLAR_BENCH_ENGINE_URL`` (and ``POLAR_BENCH_ENGINE_PID``) reuses a running engine; otherwise one is
+    started for the run."""
     if os.environ.get("POLAR_BENCH_ENGINE_URL"):
         yield os.environ["POLAR_BENCH_ENGINE_URL"]
         return
     with EngineProcess(EngineSpec(model=model, port=free_port())) as proc:
+        assert proc.proc is not None
+        _ENGINE_PIDS[proc.spec.url] = proc.proc.pid
         yield proc.spec.url
+
+
+def engine_pid(url: str) -> int:
+    """The process (session leader) of the engine serving ``url``."""
+    if url in _ENGINE_PIDS:
+        return _ENGINE_PIDS[url]
+    if url == os.environ.get("POLAR_BENCH_ENGINE_URL") and os.environ.get("POLAR_BENCH_ENGINE_PID"):
+        return int(os.environ["POLAR_BENCH_ENGINE_PID"])
+    raise SystemExit(f"the engine at {url} was not started by this bench: set POLAR_BENCH_ENGINE_PID")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -49,10 +49,16 @@ def main() -> None:
     failed: list[str] = []
     t_all = time.monotonic()
     with EngineProcess(EngineSpec(model="tiny-qwen3", port=free_port())) as engine:
-        env = {**os.environ, "POLAR_BENCH_RESULTS": str(args.results), "POLAR_BENCH_ENGINE_URL": engine.spec.url}
+        assert engine.proc is not None
+        env = {
+            **os.environ,
+            "POLAR_BENCH_RESULTS": str(args.results),
+            "POLAR_BENCH_ENGINE_URL": engine.spec.url,
+            "POLAR_BENCH_ENGINE_PID": str(engine.proc.pid),
+        }
         for name, module, extra in chosen:
             if name in ("recompute", "learn"):  # their own engine (SmolLM2): the shared one serves random weights
-                env = {k: v for k, v in env.items() if k != "POLAR_BENCH_ENGINE_URL"}
+                env = {k: v for k, v in env.items() if not k.startswith("POLAR_BENCH_ENGINE_")}
             print(f"== {name}: python -m {module} {' '.join(extra)}", flush=True)
             t0 = time.monotonic()
             done = subprocess.run([sys.executable, "-m", module, *extra], env=env, cwd=HERE.parent)

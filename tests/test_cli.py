@@ -151,3 +151,47 @@ def test_wait_healthy_names_the_process_it_waited_on(tmp_path: Path) -> None:
     proc.wait()
     with pytest.raises(RuntimeError, match=r"(?s)polar proxy exited with code 2.*refused my argv"):
         wait_healthy(f"http://127.0.0.1:{free_port()}", 10, proc, log, name="polar proxy")
+
+
+def _nice_of(pid: int, tid: int | None = None) -> int:
+    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat(5): nice
+
+
+def test_engine_niceness_reaches_what_it_starts_later(tmp_path: Path) -> None:
+    """``polar engine up --nice``: set on the session leader right after its start, it holds for the threads and
+    processes it starts afterwards (vLLM's engine core and workers), and for its autogroup, which is what the
+    kernel weighs against the proxy's session where it has autogroups."""
+    from nemo_polar.engine.launcher import set_niceness
+
+    script = (
+        "import subprocess, sys, threading\n"
+        "sys.stdin.readline()\n"  # started, waiting: the niceness is set now
+        "ready = threading.Event()\n"
+        "t = threading.Thread(target=lambda: (print(threading.get_native_id(), flush=True), ready.wait()))\n"
+        "t.start()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.readline()'], stdin=subprocess.PIPE)\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.readline(); ready.set(); child.communicate(b'\\n')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        set_niceness(proc.pid, 7)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        thread_id, child_pid = int(proc.stdout.readline()), int(proc.stdout.readline())
+        assert _nice_of(proc.pid) == 7
+        assert _nice_of(proc.pid, thread_id) == 7
+        assert _nice_of(child_pid) == 7
+        autogroup = Path(f"/proc/{proc.pid}/autogroup")
+        if autogroup.exists() and Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            assert autogroup.read_text().split()[-1] == "7"
+            assert Path(f"/proc/{child_pid}/autogroup").read_text() == autogroup.read_text()
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop_group(proc.pid, 5)

@@ -12,6 +12,7 @@ summary line is written there for ``polar patterns`` (``make patterns``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -24,6 +25,7 @@ from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.patterns import SCENARIOS, Expect, PatternTask, load_patterns
 from nemo_polar.env.session import run_session
 from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.export import sft_rows
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
@@ -69,6 +71,32 @@ def model_dir(engine_url: str) -> Path:
     return Path(httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
 
 
+def diagnosis(records: list[CallRecord], session_dir: Path) -> str:
+    """What decided the session's shape, for a failure seen only on another machine: per call its reason, prompt and
+    sampled sizes and request size; and the CLI's own account (its logged token usage and compactions)."""
+    lines = [
+        f"{r.render_reason} prompt={len(r.prompt_token_ids)} sampled={len(r.sampled_token_ids)} "
+        f"request={len(json.dumps(r.request))} out={(r.output_text or '')[:60]!r}"
+        for r in records
+    ]
+    for log in sorted((session_dir / "home").rglob("*.jsonl")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(entry, dict) or entry.get("type") not in ("assistant", "tool_result", "system"):
+                continue
+            info = (entry.get("systemPayload") or {}).get("info")
+            if entry.get("type") == "system" and info is None:
+                continue
+            lines.append(
+                f"{log.name}: {entry.get('type')} {entry.get('subtype') or ''} usage={entry.get('usageMetadata')} "
+                f"info={info} chars={len(json.dumps(entry.get('message') or entry.get('toolCallResult')))}"
+            )
+    return "\n".join(lines)
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize(
     ("case", "engine_side"), [(c, c) for c in RUN], ids=[c.id for c in RUN], indirect=["engine_side"]
@@ -108,7 +136,7 @@ def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: Path, t
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{case.id}.json").write_text(row.model_dump_json(indent=1))
     got = Expect.observed(row).model_dump()
-    assert got == expect.model_dump(), [(r.call_id, r.render_reason, (r.output_text or "")[:80]) for r in records]
+    assert got == expect.model_dump(), diagnosis(records, tmp_path / "session")
 
     # Nothing lost, every context proven; a call the proxy linked to its parent was continued, not re-rendered.
     assert row.audit_ok and row.tokens_lost == 0, row.audit_failures

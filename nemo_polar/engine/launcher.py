@@ -73,6 +73,7 @@ class EngineSpec:
     kv_cache_gib: int = 1
     dtype: str | None = None
     weight_sync: bool = False
+    nice: int = 0  # > 0: the engine yields the CPU to the proxy on a shared machine (see set_niceness)
     extra_args: list[str] = field(default_factory=list)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
@@ -139,6 +140,8 @@ class EngineProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
+            if self.spec.nice:  # before vLLM starts its engine core and workers: they inherit it
+                set_niceness(self.proc.pid, self.spec.nice)
             wait_healthy(self.spec.url, timeout, self.proc, self.log_path)
         except BaseException:
             self.stop()
@@ -158,6 +161,21 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def set_niceness(pid: int, nice: int) -> None:
+    """Lower the CPU priority of ``pid`` (the leader of its own session) and of what it starts later.
+
+    On a machine where the engine and the proxy share a few cores, vLLM's engine core and workers keep them busy
+    and the proxy's short per-request work (parsing, the render) waits for a core: the proxy's p95 time to first
+    delta was 1.3-30x the engine's own. Linux schedules sessions as autogroups and shares the CPU *between*
+    autogroups regardless of the threads' own nice values, so both are set: the autogroup's nice (where the kernel
+    has autogroups) and the process's own (everywhere else); threads and children started afterwards inherit both."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        with contextlib.suppress(OSError):  # autogroups switched off (sched_autogroup_enabled=0)
+            autogroup.write_text(str(nice))
 
 
 def wait_healthy(

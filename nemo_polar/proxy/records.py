@@ -31,6 +31,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -276,6 +277,11 @@ class _RecentTexts:
             del self._texts[next(iter(self._texts))]
 
 
+# Appends wait on fsync (tens of ms on a busy disk) in threads of their own: in the event loop's default executor they
+# took its few workers, and the renders of other sessions' requests queued behind them (p95 time to first delta).
+_DISK = ThreadPoolExecutor(max_workers=32, thread_name_prefix="polar-records")
+
+
 class RecordWriter:
     """Append-only JSONL writer for one session; every append is flushed and fsync'd."""
 
@@ -338,7 +344,8 @@ class RecordWriter:
         if self.path is None:
             return
         async with self._lock:  # serialising (linear in the request) and the fsync both run off the event loop
-            await asyncio.to_thread(lambda: self._append_sync(self.line(record)))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(_DISK, lambda: self._append_sync(self.line(record)))
 
 
 class RecordError(ValueError):
