@@ -174,3 +174,42 @@ def test_unchanged_means_the_same_json_not_python_equality() -> None:
         assert how == "full:history_changed"
     reordered = [{"content": True, "role": "user"}, *later[1:], {"role": "user", "content": "d"}]
     assert seg.render(rendering(e, reordered), reordered, None, {}, cache)[1] == "full:history_changed"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_messages_are_prepared_once_and_as_transformers_prepares_them(model: str) -> None:
+    """The template sees each message as apply_chat_template hands it over (None-valued keys dropped, reasoning
+    under the names templates read, tool-call arguments parsed as vLLM does), prepared on the call that brought it
+    and reused while its JSON is unchanged; a message changed in place, even only from true to 1, is prepared
+    anew."""
+    local = renderer(model)
+    call = {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls", "all": true}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent.", "name": None},
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": None, "reasoning": "look first", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "a.py"},
+    ]
+    cache = TokenCache()
+    local.render_sync(messages, PROBE_TOOLS, {}, cache)
+    assert cache.template.text == whole(local, messages, PROBE_TOOLS)
+    first = list(cache.template.prepared)
+    assert "name" not in first[0] and "content" not in first[2]  # None-valued keys dropped
+    assert first[2]["reasoning_content"] == "look first" and first[2]["tool_calls"][0]["function"]["arguments"] == {
+        "command": "ls",
+        "all": True,
+    }
+    messages += [{"role": "assistant", "content": "done", "thinking": "checked"}, {"role": "user", "content": "ok"}]
+    local.render_sync(messages, PROBE_TOOLS, {}, cache)
+    assert cache.template.text == whole(local, messages, PROBE_TOOLS)
+    assert cache.template_how.startswith("messages:")
+    assert all(a is b for a, b in zip(first, cache.template.prepared, strict=False))  # reused, not copied again
+    again = list(cache.template.prepared)
+    changed = {**call, "function": {**call["function"], "arguments": '{"command": "ls", "all": 1}'}}
+    messages[2] = {**messages[2], "tool_calls": [changed]}
+    messages.append({"role": "assistant", "content": "again"})
+    local.render_sync(messages, PROBE_TOOLS, {}, cache)
+    assert cache.template.text == whole(local, messages, PROBE_TOOLS)
+    prepared = cache.template.prepared
+    assert prepared[2] is not again[2] and prepared[2]["tool_calls"][0]["function"]["arguments"]["all"] == 1
+    assert prepared[0] is again[0] and prepared[1] is again[1]

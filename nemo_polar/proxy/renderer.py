@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
-import json
 import logging
 import re
 import sys
@@ -23,8 +21,10 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateSyntaxError
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.prefix import common_prefix
+from nemo_polar.proxy.prepared import TemplateInputs, as_vllm_sees_it
 from nemo_polar.proxy.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
 
 log = logging.getLogger(__name__)
@@ -77,21 +77,7 @@ class EngineRenderer:
 
 
 def _as_vllm_sees_them(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """vLLM hands HF templates tool-call arguments as parsed objects, not JSON strings."""
-    out = []
-    for msg in messages:
-        calls = msg.get("tool_calls")
-        if calls:
-            parsed = []
-            for call in calls:
-                fn = dict(call["function"])
-                if isinstance(fn.get("arguments"), str):
-                    with contextlib.suppress(json.JSONDecodeError):
-                        fn["arguments"] = json.loads(fn["arguments"])
-                parsed.append({**call, "function": fn})
-            msg = {**msg, "tool_calls": parsed}
-        out.append(msg)
-    return out
+    return [as_vllm_sees_it(m) for m in messages]
 
 
 def preload_tokenizers() -> bool:
@@ -119,6 +105,7 @@ class LocalRenderer:
         self.tokenizer.model_max_length = 1 << 40  # a render is as long as its session: the engine checks the context
         self.incremental = IncrementalEncoder.for_tokenizer(self.tokenizer)
         self.segments = _segmented(self.tokenizer.chat_template)
+        self.inputs = TemplateInputs(self.tokenizer)
 
     def render_sync(
         self,
@@ -127,36 +114,43 @@ class LocalRenderer:
         kwargs: dict[str, Any],
         cache: TokenCache | None = None,
     ) -> list[int]:
-        view = _as_vllm_sees_them(messages)
-
-        def render(source: str | None = None, **marks: Any) -> str:
+        def whole() -> str:
+            view = _as_vllm_sees_them(messages)
             return self.tokenizer.apply_chat_template(
-                view, tools=tools, chat_template=source, add_generation_prompt=True, tokenize=False, **kwargs, **marks
+                view, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
 
         if cache is None:
-            return self.encode(render())
+            return self.encode(whole())
         with cache.lock:
-            text = self._template(render, view, tools, kwargs, cache)
+            text = self._template(whole, messages, tools, kwargs, cache)
             if self.incremental is not None:
                 return self.incremental.encode(text, cache)
             return self.encode(text)
 
     def _template(
-        self, render: Any, view: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TokenCache
+        self, whole: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TokenCache
     ) -> str:
         """The template's text, running it over the new messages only where ``SegmentedTemplate`` proves that
-        enough; ``cache.template_how`` says which."""
+        enough, on messages prepared once each (``TemplateInputs``); ``cache.template_how`` says which."""
         if self.segments is None or START in kwargs or MARK in kwargs:
             cache.template_how = "full:not_segmentable"
-            return render()
+            return whole()
+        last = cache.template
         try:
-            text, cache.template_how = self.segments.render(render, view, tools, kwargs, cache.template)
+            keys = [fastjson.dumps(m) for m in messages]
+            prepared = self.inputs.prepared(messages, keys, last.messages, last.prepared)
+
+            def render(source: str, **marks: Any) -> str:
+                return self.inputs.render(source, prepared, tools, {**kwargs, **marks})
+
+            text, cache.template_how = self.segments.render(render, messages, tools, kwargs, last, keys)
+            last.prepared = prepared
             return text
         except Exception as exc:  # the mark in a message, or the derived template's state not JSON: render whole
             cache.template = TemplateCache()
             cache.template_how = f"full:{type(exc).__name__}"
-            return render()  # raises what the template itself raises for this conversation
+            return whole()  # raises what the template itself raises for this conversation
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -55,6 +55,7 @@ class TemplateCache:
     text: str = ""
     starts: list[int] = field(default_factory=list)  # where each message's iteration begins in ``text``
     state: str = ""  # the prelude's variables that iterations read, as JSON
+    prepared: list[Any] = field(default_factory=list)  # each message as the template saw it (the renderer's)
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,19 @@ class SegmentedTemplate:
         return cls(source, max(lookahead, 1))
 
     def render(
-        self, render: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TemplateCache
+        self,
+        render: Any,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        kwargs: dict[str, Any],
+        cache: TemplateCache,
+        keys: list[bytes] | None = None,
     ) -> tuple[str, str]:
         """(text, how): ``render(template, **arguments)`` renders a template as the renderer does (for this one,
-        with ``polar_render_start`` and ``polar_render_mark``). Raises what rendering raises."""
-        keys, inputs = [fastjson.dumps(m) for m in messages], fastjson.dumps([tools, kwargs])
+        with ``polar_render_start`` and ``polar_render_mark``); ``keys`` are the messages' JSON where the caller
+        has them. Raises what rendering raises."""
+        keys = [fastjson.dumps(m) for m in messages] if keys is None else keys
+        inputs = fastjson.dumps([tools, kwargs])
         start, why = self._start(keys, inputs, cache)
         prelude, state, bodies = self._parts(render, start, len(messages))
         if start and (prelude != cache.text[: cache.starts[0]] or state != cache.state):
