@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 # Package data, so a non-editable install has them too. In a checkout, data/conf and data/swe_tasks are symlinks to
@@ -51,3 +52,23 @@ def write_between_markers(path: Path, marker: str, text: str) -> None:
     head, rest = content.split(begin, 1)
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Whole or absent after a crash: a temporary file in the same directory, fsync'd, then renamed over ``path``
+    (a reader in another process, or after a kill, never sees a partial file)."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as fh:
+        tmp = Path(fh.name)
+        try:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

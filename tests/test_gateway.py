@@ -253,3 +253,31 @@ def test_a_reconstruction_failure_is_masked_and_the_worker_lives_on(proxy: Proxy
     bad, good = asyncio.run(scenario())
     assert bad.status == "published" and bad.mask_sample and "reconstruction failed" in (bad.reason or "")
     assert good.status == "published" and not good.mask_sample and good.output
+
+
+def test_an_outcome_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway killed while writing ``outcome.json`` left an empty file, which the controller took for the
+    session's final result (a load run: ValidationError on ''). Outcomes go through ``atomic_write``: a write that
+    dies before its rename leaves the previous file (or none) and no partial one."""
+    import os
+
+    import nemo_polar.paths as paths
+
+    target = tmp_path / "outcome.json"
+    paths.atomic_write(target, b'{"first": 1}')
+    assert json.loads(target.read_text()) == {"first": 1}
+
+    def killed(fd: int) -> None:
+        raise KeyboardInterrupt  # the process dies between writing and renaming
+
+    monkeypatch.setattr(paths.os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        paths.atomic_write(target, b'{"second": 2}')
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"first": 1}
+    assert sorted(os.listdir(tmp_path)) == ["outcome.json"]
+    with pytest.raises(KeyboardInterrupt):
+        monkeypatch.setattr(paths.os, "fsync", killed)
+        paths.atomic_write(tmp_path / "new.json", b"{}")
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["outcome.json"]

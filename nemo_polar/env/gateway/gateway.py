@@ -48,6 +48,7 @@ from nemo_polar.env.gateway.models import (
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.session import SessionResult
 from nemo_polar.env.verdict import Verdict
+from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
 
@@ -298,7 +299,9 @@ class Gateway:
             job.grader.close()
         self._enter(job, "done")
         outcome.stage_times = dict(job.stage_times)
-        job.attempt.outcome.write_text(outcome.model_dump_json(indent=2))
+        # Whole or absent: a gateway killed while writing it must not leave an empty "finished" result behind (the
+        # controller and a restarted gateway take an outcome.json as the session's final word).
+        atomic_write(job.attempt.outcome, outcome.model_dump_json(indent=2).encode())
         job.done.set_result(outcome)
         del self.jobs[job.request.request_id]  # from now on submit() answers from outcome.json
         self.finished(job.request, outcome)

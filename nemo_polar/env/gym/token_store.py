@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +54,7 @@ from nemo_gym.token_id_capture.store import validate_rollout_id
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.gym.tokens import export_rollout
+from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.records import CallRecord, RecordReader
 from nemo_polar.proxy.sessions import SESSION_ID
 
@@ -71,29 +71,6 @@ class RolloutState(BaseModel):
     incomplete_calls: list[str] = Field(default_factory=list, description="mark_incomplete call ids ('' allowed)")
     sessions: list[str] = Field(default_factory=list, description="proxy sessions bound to this rollout")
     proxy_sizes: dict[str, int] = Field(default_factory=dict, description="session -> bytes read at the snapshot")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Whole or absent after a crash: a temporary file in the same directory, fsync'd, then renamed over ``path``."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as fh:
-        tmp = Path(fh.name)
-        try:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def canonical(entry: TokenEntry) -> bytes:
@@ -137,7 +114,7 @@ class PolarTokenStore:
         return RolloutState.model_validate_json(path.read_bytes()) if path.exists() else RolloutState()
 
     def _save(self, rollout_id: str, state: RolloutState) -> None:
-        _atomic_write(self.rollout_dir(rollout_id) / "state.json", state.model_dump_json().encode())
+        atomic_write(self.rollout_dir(rollout_id) / "state.json", state.model_dump_json().encode())
 
     @staticmethod
     def _writable(rollout_id: str, state: RolloutState, *, after_freeze: bool = False) -> None:
@@ -207,7 +184,7 @@ class PolarTokenStore:
                     f"model call {entry.model_call_id!r} of rollout {rollout_id!r} was put with other bytes"
                 )
             path.parent.mkdir(exist_ok=True)
-            _atomic_write(path, payload)
+            atomic_write(path, payload)
 
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         await asyncio.to_thread(self.mark_incomplete_now, rollout_id, model_call_id)
