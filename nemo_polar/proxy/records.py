@@ -277,8 +277,8 @@ class _RecentTexts:
             del self._texts[next(iter(self._texts))]
 
 
-# Appends wait on fsync (tens of ms on a busy disk) in threads of their own: in the event loop's default executor they
-# took its few workers, and the renders of other sessions' requests queued behind them (p95 time to first delta).
+# Appends wait on fsync (tens of ms on a busy disk) in threads of their own, so they never take the event loop's default
+# executor's few workers, which the renders of other sessions' requests run in.
 _DISK = ThreadPoolExecutor(max_workers=32, thread_name_prefix="polar-records")
 
 
