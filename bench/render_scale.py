@@ -3,11 +3,14 @@ tokens (each call appends a sampled assistant turn and a tool result), rendered 
 continuation mode (Qwen3 tokenizer and chat template of tiny-qwen3, in process; no engine: this is the proxy's own
 CPU work). Two ways side by side on the same renders: the whole template rendered and its whole text tokenized on
 every call, and the proxy's way — the template run over the new messages only (``SegmentedTemplate``) and only the
-text they add tokenized (``IncrementalEncoder``) — whose ids must equal the full ones on every call. Printed:
+text they add tokenized (``IncrementalEncoder``) — whose ids must equal the full ones on every call. Each way runs
+the session in a pass of its own (a proxy does one or the other: run in turns, the full way's leftovers, which grow
+with the context, slowed the other's next call about 2x), and each timed render starts from caches that hold other
+work, as in a proxy serving many sessions: the same ``--evict`` MiB are copied before each. Printed:
 ms per call at the last calls, and the exponent of per-call time against context length (0 = flat, 1 = linear in
 the context). The last line is the incremental render's ms per call at full size.
 
-    python -m bench.render_scale [--calls 200] [--context 65536]
+    python -m bench.render_scale [--calls 200] [--context 65536] [--evict 64]
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from array import array
+from collections.abc import Iterator
 from typing import Any
 
 from bench.common import fit_exponent, report
@@ -53,36 +58,55 @@ def text(rng: random.Random, tokens: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--context", type=int, default=65536)
-    args = parser.parse_args()
-    local = LocalRenderer(cache_dir() / "models" / "tiny-qwen3")
+def session(calls: int, context: int) -> Iterator[list[dict[str, Any]]]:
+    """The conversation at each call: a long system prompt, then per call a sampled turn and a tool result."""
     rng = random.Random(0)
-    step = args.context // args.calls
+    step = context // calls
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent. " + text(rng, 1500)},
         {"role": "user", "content": "Fix the failing test."},
     ]
-    cache = TokenCache()
-    rows: list[tuple[int, float, float, float]] = []  # (context tokens, template ms, full ms, incremental ms)
-    tails = segmented = 0
-    for i in range(args.calls):
-        t0 = time.perf_counter()
-        local.tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
-        t1 = time.perf_counter()
-        full = local.render_sync(messages, PROBE_TOOLS, {})
-        t2 = time.perf_counter()
-        incremental = local.render_sync(messages, PROBE_TOOLS, {}, cache)
-        t3 = time.perf_counter()
-        assert incremental == full, f"call {i}: incremental ids differ from the full tokenization ({cache.how})"
-        tails += cache.how.startswith("tail:")
-        segmented += cache.template_how.startswith("messages:")
-        rows.append((len(full), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+    for i in range(calls):
+        yield messages
         call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
         messages.append({"role": "assistant", "content": text(rng, step // 4), "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": text(rng, 3 * step // 4)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--context", type=int, default=65536)
+    parser.add_argument("--evict", type=int, default=64, help="MiB copied before each timed render")
+    args = parser.parse_args()
+    scratch, other = bytearray(args.evict << 20), bytes(args.evict << 20)
+
+    def evict() -> None:
+        scratch[:] = other  # no allocation: only what the caches hold changes
+
+    local = LocalRenderer(cache_dir() / "models" / "tiny-qwen3")
+    full_ids: list[array] = []
+    rows: list[list[float]] = []  # [context tokens, template ms, full ms, incremental ms]
+    for messages in session(args.calls, args.context):  # the full way, as the proxy did before
+        evict()
+        t0 = time.perf_counter()
+        local.tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
+        t1 = time.perf_counter()
+        evict()
+        t2 = time.perf_counter()
+        full = local.render_sync(messages, PROBE_TOOLS, {})
+        rows.append([len(full), (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, 0.0])
+        full_ids.append(array("i", full))
+    cache = TokenCache()
+    tails = segmented = 0
+    for i, messages in enumerate(session(args.calls, args.context)):  # the same session, the proxy's way
+        evict()
+        t0 = time.perf_counter()
+        incremental = local.render_sync(messages, PROBE_TOOLS, {}, cache)
+        rows[i][3] = (time.perf_counter() - t0) * 1e3
+        assert array("i", incremental) == full_ids[i], f"call {i}: ids differ from the full tokenization ({cache.how})"
+        tails += cache.how.startswith("tail:")
+        segmented += cache.template_how.startswith("messages:")
     last = rows[-10:]
     ctx = sum(r[0] for r in last) / len(last)
     template_ms, full_ms, inc_ms = (sum(r[k] for r in last) / len(last) for k in (1, 2, 3))

@@ -22,8 +22,8 @@ def env(template: str) -> Environment:
 
 
 def rendering(e: Environment, messages: list[dict[str, Any]], **context: Any) -> Any:
-    """``render(source, **marks)`` for SegmentedTemplate.render: a template's source rendered in ``e``."""
-    return lambda source, **marks: e.from_string(source).render(messages=messages, **context, **marks)
+    """``render(template, **marks)`` for SegmentedTemplate.render: the derived template rendered with ``context``."""
+    return lambda template, **marks: template.render(messages=messages, **context, **marks)
 
 
 def whole(local: Any, messages: list[dict[str, Any]], tools: Any) -> str:
@@ -71,6 +71,11 @@ REFUSED = {
     "loop.changed": "{% for m in messages %}{% if loop.changed(m.role) %}{{ m.role }}{% endif %}{% endfor %}",
     "uses loop as a whole": "{% macro f(l) %}{{ l.length }}{% endmacro %}{% for m in messages %}{{ f(loop) }}"
     "{% endfor %}",
+    # An inner loop's filter and else see the outer loop (Jinja scopes them outside the inner body).
+    "reads loop.revindex": "{% for m in messages %}{% for c in m.calls if loop.revindex > 1 %}{{ c }}{% endfor %}"
+    "{% endfor %}",
+    "reads loop.length": "{% for m in messages %}{% for c in m.calls %}{{ c }}{% else %}{{ loop.length }}"
+    "{% endfor %}{% endfor %}",
 }
 
 
@@ -121,6 +126,56 @@ def test_every_whitespace_shape_renders_as_the_original(shape: int) -> None:
         assert how == (
             "full:first" if turn == 0 else "full:history_changed" if turn <= lookahead else f"messages:{lookahead + 1}"
         )
+
+
+# Every loop attribute an iteration may read, the outer loop's in an inner loop's filter and else included.
+EVERY_ATTRIBUTE = (
+    "{%- for m in messages -%}[{{ loop.index0 }}/{{ loop.index }}/{{ loop.first }}/{{ loop.last }}/{{ loop.depth }}"
+    "/{{ loop.depth0 }} {{ m.role }}:{{ m.content }} prev={{ loop.previtem.role if loop.previtem is defined }}"
+    " next={{ loop.nextitem.role if loop.nextitem is defined }}"
+    "{%- for c in m.calls if c + loop.index0 > 2 %}({{ loop.index }}:{{ c }}){% else %}(none at {{ loop.index }})"
+    "{%- endfor %}{{ messages[loop.index0 - 1].role if not loop.first }}]"
+    "{%- endfor -%}{{ '>' if add_generation_prompt }}"
+)
+
+
+class Untouchable(dict):
+    """A message the template must not read: any access fails the render."""
+
+    def __getattribute__(self, name: str) -> Any:
+        raise AssertionError(f"an iteration that was not rendered read .{name}")
+
+    def __getitem__(self, key: Any) -> Any:
+        raise AssertionError(f"an iteration that was not rendered read [{key!r}]")
+
+
+class History(list):
+    """The messages as handed to the template: iterating over all of them fails the render."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("the template iterated over the whole history")
+
+
+def test_iterations_before_the_window_are_not_run_and_the_loop_reads_as_the_whole_one() -> None:
+    """Only the new messages' iterations run: the history is not iterated over, and the older messages (but the
+    one ``loop.previtem`` and ``messages[loop.index0 - 1]`` read) are handed to the template as values that fail
+    when read; and those iterations see index, first, previous and next item as in the whole loop."""
+    e = env(EVERY_ATTRIBUTE)
+    seg = SegmentedTemplate.derive(EVERY_ATTRIBUTE, e)
+    rng = random.Random(7)
+    cache = TemplateCache()
+    messages: list[dict[str, Any]] = []
+    hows = []
+    for turn in range(10):
+        for _ in range(rng.randrange(1, 4)):
+            role = rng.choice(["user", "assistant", "tool"])
+            messages = [*messages, {"role": role, "content": rng.choice(NASTY), "calls": list(range(turn % 4))}]
+        start = len(cache.messages) - seg.lookahead
+        seen = History(m if i >= start - 1 or not cache.starts else Untouchable() for i, m in enumerate(messages))
+        text, how = seg.render(rendering(e, seen, add_generation_prompt=True), messages, None, {}, cache)
+        assert text == e.from_string(EVERY_ATTRIBUTE).render(messages=messages, add_generation_prompt=True), how
+        hows.append(how)
+    assert hows[0] == "full:first" and all(h.startswith("messages:") for h in hows[1:]), hows
 
 
 def test_a_prelude_value_an_iteration_reads_forces_the_whole_render_when_it_changes() -> None:

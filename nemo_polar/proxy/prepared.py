@@ -62,10 +62,11 @@ class TemplateInputs:
             for i, (msg, key) in enumerate(zip(messages, keys, strict=True))
         ]
 
-    def render(self, source: str, prepared: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> str:
+    def render(self, template: Any, prepared: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> str:
+        """``template`` (compiled in the environment ``_compile_jinja_template`` gives) rendered over ``prepared``."""
         ctu = self._ctu
         arguments = ctu._plain_template_data({**self.tokenizer.special_tokens_map, **kwargs})
-        return ctu._compile_jinja_template(source).render(
+        return template.render(
             messages=prepared,
             tools=ctu._plain_template_data(tools),
             documents=None,

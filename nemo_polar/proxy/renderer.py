@@ -141,8 +141,8 @@ class LocalRenderer:
             keys = [fastjson.dumps(m) for m in messages]
             prepared = self.inputs.prepared(messages, keys, last.messages, last.prepared)
 
-            def render(source: str, **marks: Any) -> str:
-                return self.inputs.render(source, prepared, tools, {**kwargs, **marks})
+            def render(template: Any, **marks: Any) -> str:
+                return self.inputs.render(template, prepared, tools, {**kwargs, **marks})
 
             text, cache.template_how = self.segments.render(render, messages, tools, kwargs, last, keys)
             last.prepared = prepared

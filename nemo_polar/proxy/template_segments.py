@@ -11,9 +11,10 @@ What makes skipping the old iterations exact, checked once per template on its s
   ``break``, no ``loop.changed``, no stateful or clock-reading globals;
 - an iteration reads ``messages`` only as ``messages[loop.index0 + c]`` and the loop only by index, first/last and
   previous/next item (never its length), so it sees a bounded window of messages (``lookahead``).
-The derived template wraps the loop's body in ``{% if loop.index0 >= start %}``, emits a mark before each rendered
-iteration, and emits the prelude's variables that iterations read (JSON) at the first rendered one; its parsed tree
-is the original's plus exactly those nodes (whitespace control included), checked by comparing trees.
+The derived template is the original's syntax tree with the loop over ``messages[start:]``, the loop's attributes
+read in the whole list's terms (``_SHIFTED``: an index plus ``start``, ...), a mark before each rendered iteration,
+and the prelude's variables that iterations read (JSON) at the first one. So a call's render costs what its new
+messages cost, not what the history does: the skipped iterations are not run at all.
 
 Per call (``render``): the iterations before ``start`` are taken from the session's previous text when the
 messages they can see, the tools, the template arguments, the prelude's text and its variables are all equal to the
@@ -23,7 +24,6 @@ why.
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +38,6 @@ START = "polar_render_start"
 MARK = "polar_render_mark"
 LOOP_ATTRS = {"index0": 0, "index": 0, "first": 0, "previtem": 0, "last": 1, "nextitem": 1, "depth": 0, "depth0": 0}
 UNSAFE_GLOBALS = {"strftime_now", "cycler", "joiner", "lipsum", START, MARK}
-_FOR = re.compile(r"\{%([-+]?)\s*for\s+\w+\s+in\s+messages\s*([-+]?)%\}")
-_LOOP_TAG = re.compile(r"\{%([-+]?)\s*(for|endfor)\b[^%]*?([-+]?)%\}")
 
 
 class NotSegmentable(Exception):
@@ -60,7 +58,7 @@ class TemplateCache:
 
 @dataclass(frozen=True)
 class SegmentedTemplate:
-    source: str  # the derived template
+    template: Any  # the derived template, compiled in the original's environment
     lookahead: int  # how many messages past its own an iteration reads (at least 1: see ``_start``)
     mark: str = field(default_factory=lambda: f"\ue000polar-{secrets.token_hex(16)}\ue001")
 
@@ -73,10 +71,7 @@ class SegmentedTemplate:
         original = env.parse(template)
         loop, at = _the_loop(original)
         lookahead, state = _check(original, loop, at)
-        source = _insert(template, state)
-        derived = env.parse(source)
-        _same_but_inserted(original, derived, at)
-        return cls(source, max(lookahead, 1))
+        return cls(env.from_string(_derived(env, template, at, state)), max(lookahead, 1))
 
     def render(
         self,
@@ -87,8 +82,8 @@ class SegmentedTemplate:
         cache: TemplateCache,
         keys: list[bytes] | None = None,
     ) -> tuple[str, str]:
-        """(text, how): ``render(template, **arguments)`` renders a template as the renderer does (for this one,
-        with ``polar_render_start`` and ``polar_render_mark``); ``keys`` are the messages' JSON where the caller
+        """(text, how): ``render(template, **arguments)`` renders a compiled template as the renderer does (for this
+        one, with ``polar_render_start`` and ``polar_render_mark``); ``keys`` are the messages' JSON where the caller
         has them. Raises what rendering raises."""
         keys = [fastjson.dumps(m) for m in messages] if keys is None else keys
         inputs = fastjson.dumps([tools, kwargs])
@@ -111,7 +106,7 @@ class SegmentedTemplate:
     def _parts(self, render: Any, start: int, count: int) -> tuple[str, str, list[str]]:
         """The derived template rendered from message ``start`` of ``count``: (the prelude's text, its values the loop
         reads as JSON, each rendered message's text with the postlude after the last)."""
-        parts = render(self.source, **{START: start, MARK: self.mark}).split(self.mark)
+        parts = render(self.template, **{START: start, MARK: self.mark}).split(self.mark)
         if start >= count or len(parts) != count - start + 2:
             raise NotSegmentable("a message holds the render mark")  # or the template skipped iterations
         return parts[0], parts[1], parts[2:]
@@ -211,11 +206,9 @@ def _walk(node: nodes.Node, sees_loop: bool, read: set[str]) -> int:
         if node.ctx == "load":
             read.add(node.name)
         return 0
-    if isinstance(node, nodes.For):  # an inner loop: its body and else see their own ``loop``
-        outer = [_walk(n, sees_loop, read) for n in (node.target, node.iter) if n is not None]
-        if node.test is not None:
-            outer.append(_walk(node.test, False, read))
-        inner = [_walk(n, False, read) for n in node.body + node.else_]
+    if isinstance(node, nodes.For):  # an inner loop: its body sees its own ``loop``, its filter and else the outer one
+        outer = [_walk(n, sees_loop, read) for n in (node.target, node.iter, node.test, *node.else_) if n is not None]
+        inner = [_walk(n, False, read) for n in node.body]
         return max(outer + inner + [0])
     return max([_walk(child, sees_loop, read) for child in node.iter_child_nodes()] + [0])
 
@@ -236,44 +229,59 @@ def _loop_offset(arg: nodes.Node) -> int | None:
     return None
 
 
-def _insert(template: str, state: list[str]) -> str:
-    """The template with the loop body wrapped and marked; whitespace control copied from the loop's own tags."""
-    found = list(_FOR.finditer(template))
-    if len(found) != 1:
-        raise NotSegmentable("the loop's tag is not unique in the source")
-    head = found[0]
-    depth, end = 0, None
-    for tag in _LOOP_TAG.finditer(template, head.start()):
-        depth += 1 if tag.group(2) == "for" else -1
-        if depth == 0:
-            end = tag
-            break
-    if end is None:
-        raise NotSegmentable("the loop's endfor was not found")
-    values = ", ".join(state)
-    opened = (
-        f"{{% if loop.index0 >= {START} %}}{{{{ {MARK} }}}}{{% if loop.index0 == {START} %}}"
-        f"{{{{ [{values}] | tojson }}}}{{{{ {MARK} }}}}{{% endif {head.group(2)}%}}"
-    )
-    closed = f"{{%{end.group(1)} endif %}}"
-    return template[: head.end()] + opened + template[head.end() : end.start()] + closed + template[end.start() :]
+def _derived(env: Any, template: str, at: int, state: list[str]) -> nodes.Template:
+    """The template's tree with its loop over ``messages[start:]`` instead of ``messages``, the loop's attributes
+    remapped to the whole list's (``_SHIFTED``), and before each iteration's body a mark, with at the first one the
+    prelude's values the loop reads (as JSON) and another mark."""
+    tree = env.parse(template)  # a copy of its own to change
+    loop = tree.body[at]
+    body = [_shifted(node) for node in loop.body]
+    loop.iter = nodes.Getitem(_name("messages"), nodes.Slice(_name(START), None, None), "load")
+    values = env.parse("{{ [" + ", ".join(state) + "] | tojson }}").body[0]
+    mark = nodes.Output([_name(MARK)])
+    loop.body = [mark, nodes.If(nodes.Getattr(_name("loop"), "first", "load"), [values, mark], [], []), *body]
+    tree.set_environment(env)
+    return tree
 
 
-def _same_but_inserted(original: nodes.Template, derived: nodes.Template, at: int) -> None:
-    """The derived tree is the original with the loop body inside the inserted ``if`` after the two inserted
-    nodes, and nothing else changed (Jinja nodes compare by their fields; whitespace is in the data nodes)."""
-    loop, twin = original.body[at], derived.body[at] if len(derived.body) > at else None
-    ok = (
-        isinstance(twin, nodes.For)
-        and original.body[:at] == derived.body[:at]
-        and original.body[at + 1 :] == derived.body[at + 1 :]
-        and (loop.target, loop.iter) == (twin.target, twin.iter)
-        and len(twin.body) == 1
-        and isinstance(twin.body[0], nodes.If)
-        and not twin.body[0].elif_
-        and not twin.body[0].else_
-        and twin.body[0].body[2:] == loop.body
-        and twin.body[0].body[0] == nodes.Output([nodes.Name(MARK, "load")])
-    )
-    if not ok:
-        raise NotSegmentable("the derived template does not parse as the original plus the marks")
+def _name(name: str) -> nodes.Name:
+    return nodes.Name(name, "load")
+
+
+def _attr(attr: str) -> nodes.Getattr:
+    return nodes.Getattr(_name("loop"), attr, "load")
+
+
+def _int(value: int) -> nodes.Const:
+    return nodes.Const(value)
+
+
+# The loop over ``messages[start:]`` is the loop over ``messages`` from its ``start``-th iteration on, with
+# ``index0 - start``, ``index - start``, first only at ``start`` and, there, no previous item. The slice ends where
+# the list does: last, nextitem and depth are the whole loop's. So each attribute of the whole loop, in the sliced
+# one's terms (``start`` 0 gives each back unchanged):
+_SHIFTED = {
+    "index0": lambda: nodes.Add(_attr("index0"), _name(START)),
+    "index": lambda: nodes.Add(_attr("index"), _name(START)),
+    "first": lambda: nodes.And(_attr("first"), nodes.Compare(_name(START), [nodes.Operand("eq", _int(0))])),
+    "previtem": lambda: nodes.CondExpr(
+        nodes.And(_attr("first"), nodes.Compare(_name(START), [nodes.Operand("gt", _int(0))])),
+        nodes.Getitem(_name("messages"), nodes.Sub(_name(START), _int(1)), "load"),
+        _attr("previtem"),
+    ),
+}
+
+
+def _shifted(node: nodes.Node) -> nodes.Node:
+    """``node`` (part of the loop's body) with each read of the loop's attributes as ``_SHIFTED`` gives it; an inner
+    loop's body has its own ``loop`` (its filter and else see the outer one, as Jinja scopes them)."""
+    if isinstance(node, nodes.Getattr) and _is_name(node.node, "loop"):
+        return _SHIFTED[node.attr]() if node.attr in _SHIFTED else node
+    for field_name, value in node.iter_fields():
+        if isinstance(node, nodes.For) and field_name == "body":
+            continue
+        if isinstance(value, list):
+            setattr(node, field_name, [_shifted(v) if isinstance(v, nodes.Node) else v for v in value])
+        elif isinstance(value, nodes.Node):
+            setattr(node, field_name, _shifted(value))
+    return node
