@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, stop_group, wait_healthy
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, set_niceness, stop_group, wait_healthy
 from nemo_polar.proxy.client import ProxyClient
 
 _ENGINE_PIDS: dict[str, int] = {}
@@ -38,6 +38,19 @@ def engine_pid(url: str) -> int:
     if url == os.environ.get("POLAR_BENCH_ENGINE_URL") and os.environ.get("POLAR_BENCH_ENGINE_PID"):
         return int(os.environ["POLAR_BENCH_ENGINE_PID"])
     raise SystemExit(f"the engine at {url} was not started by this bench: set POLAR_BENCH_ENGINE_PID")
+
+
+def priorities(engine_url: str, nice: int, reps: int) -> Iterator[int]:
+    """The engine's niceness for each of ``2 * reps`` repetitions, alternating ABBA between its default priority (0)
+    and ``nice`` (as ``polar engine up --nice`` sets it) so that drift over the run hits both alike; each is set
+    before it is yielded, and the default is restored after."""
+    pid = engine_pid(engine_url)
+    try:
+        for value in ([0, nice, nice, 0] * ((reps + 1) // 2))[: 2 * reps]:
+            set_niceness(pid, value)
+            yield value
+    finally:
+        set_niceness(pid, 0)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -31,8 +31,7 @@ import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import engine, engine_pid, new_session, percentile, proxy, report
-from nemo_polar.engine.launcher import set_niceness
+from bench.common import engine, new_session, percentile, priorities, proxy, report
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import STAGES
 
@@ -169,12 +168,8 @@ async def main() -> None:
     rounds: dict[int, list[dict[str, list[tuple[float, float]]]]] = {0: [], args.nice: []}
     with engine() as engine_url, proxy(engine_url, info) as proxy_client:
         model = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
-        pid = engine_pid(engine_url)
-        order = [0, args.nice, args.nice, 0] * ((args.reps + 1) // 2)  # ABBA: drift over the run hits both alike
-        for rep, nice in enumerate(order[: 2 * args.reps]):
-            set_niceness(pid, nice)
+        for rep, nice in enumerate(priorities(engine_url, args.nice, args.reps)):
             rounds[nice].append(await one_round(engine_url, proxy_client, model, args, rep))
-        set_niceness(pid, 0)
         lag = loop_lag(proxy_client)
     figures: dict[str, float] = {}
     for nice, suffix in ((args.nice, ""), (0, "_nice0")):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -347,3 +350,41 @@ def test_opencode_scripted_session(proxy: ProxyHandle, tmp_path: Path) -> None:
     assert all(re.fullmatch(r"CONNECT [\w.-]+:443 HTTP/1\.1", a.target) for a in result.egress)  # HTTPS, refused
     built = prefix_merging(result.records)
     assert len(built.traces) == 1 and not built.break_reasons
+
+
+def process_lines_holding(secret: str) -> list[str]:
+    """The command line of every process on this machine that holds ``secret``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes()
+        except OSError:  # gone since the listing
+            continue
+        if secret.encode() in argv:
+            found.append(argv.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+@pytest.mark.parametrize("runtime", ["bwrap", "docker", "local"])
+def test_what_a_command_inside_is_given_is_on_no_command_line(runtime: str, tmp_path: Path) -> None:
+    """A session's API key reaches the harness by its environment: while the command runs (it waits for a file the
+    test writes after looking), no process on the machine, the runtime's own launcher included, carries the key in
+    its argv, which every local user can read."""
+    secret = f"polar-{secrets.token_urlsafe(24)}"
+    spec = make_spec(tmp_path, "http://127.0.0.1:1").model_copy(update={"proxy_url": None})
+    script = 'echo "seen:$POLAR_TEST_KEY"; while [ ! -e "$HOME/go" ]; do sleep 0.05; done'
+    stdout = tmp_path / "env.stdout.log"
+    with get_runtime(runtime) as rt, ThreadPoolExecutor(1) as pool:
+        rt.start(spec)
+        given = {"POLAR_TEST_KEY": secret}
+        job = pool.submit(rt.exec, ["bash", "-c", script], given, cwd=None, timeout=300, log_prefix=tmp_path / "env")
+        for _ in range(6000):  # the command has started and printed what it was given
+            if job.done() or (stdout.exists() and "seen:" in stdout.read_text()):
+                break
+            time.sleep(0.05)
+        holding = process_lines_holding(secret)
+        (spec.home / "go").touch()
+        done = job.result()
+    assert holding == []
+    assert done.returncode == 0, done.stderr.read_text()
+    assert stdout.read_text().strip() == f"seen:{secret}"

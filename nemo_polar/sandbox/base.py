@@ -15,7 +15,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -35,6 +35,15 @@ class SandboxSpec(BaseModel):
         "http://127.0.0.1:8000; None: no route out at all (grading)"
     )
     mounts: dict[str, Path] = Field(default_factory=dict, description="read-only: path inside -> host path")
+
+
+class Launch(NamedTuple):
+    """A host command line and the environment it runs with. What the command inside sees travels in ``env``,
+    never on the command line: a session's API key in argv is readable by every local user (/proc/<pid>/cmdline),
+    its environment only by its owner."""
+
+    argv: list[str]
+    env: dict[str, str]
 
 
 class SandboxPaths(BaseModel):
@@ -82,8 +91,8 @@ class Runtime(ABC):
     def start(self, spec: SandboxSpec) -> None: ...
 
     @abstractmethod
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
-        """The host command line that runs ``argv`` inside the runtime."""
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+        """How the host runs ``argv`` inside the runtime with ``env`` (and the runtime's own variables)."""
 
     def exec(
         self,
@@ -97,12 +106,14 @@ class Runtime(ABC):
     ) -> ExecResult:
         """Run a command inside; on timeout or ``cancel`` the whole process group is killed."""
         stdout, stderr = log_prefix.with_suffix(".stdout.log"), log_prefix.with_suffix(".stderr.log")
-        cmd = self.command(argv, env, cwd or self.paths.workspace)
+        launch = self.command(argv, env, cwd or self.paths.workspace)
         t0 = time.monotonic()
         code: int | None = None
         timed_out = cancelled = False
         with stdout.open("wb") as out, stderr.open("wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            proc = subprocess.Popen(
+                launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+            )
             while code is None:
                 try:
                     code = proc.wait(timeout=0.2)

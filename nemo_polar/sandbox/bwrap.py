@@ -8,10 +8,11 @@ init.sh's ``socat`` and the CLIs' ``node`` come from the host (``images.HostTool
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
-from nemo_polar.sandbox.base import Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.base import Launch, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
 from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 from nemo_polar.sandbox.images import HOST_BIN, HOST_ROOT, HostTools, host_tools, image_env, image_rootfs
 
@@ -37,6 +38,7 @@ class BwrapRuntime(Runtime):
         self.workdir = workdir
         self.host: HostTools | None = None
         self.run: RunDir | None = None
+        self.bwrap = "bwrap"  # found on the host's PATH at start(): the command's own environment is the sandbox's
 
     @property
     def paths(self) -> SandboxPaths:
@@ -46,6 +48,7 @@ class BwrapRuntime(Runtime):
         require(
             "bwrap", "socat", hint="install bubblewrap and socat (`make setup` does: apt-get install bubblewrap socat)"
         )
+        self.bwrap = shutil.which("bwrap") or self.bwrap
         if self.image is not None and self.rootfs is None:
             self.rootfs = image_rootfs(self.image)
         if self.rootfs is not None:
@@ -56,11 +59,11 @@ class BwrapRuntime(Runtime):
         self.run = RunDir(spec)
         self.audit = self.run.audit
 
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
         assert self.spec is not None, "start() first"
         spec, paths = self.spec, self.paths
         if self.rootfs is None:
-            cmd = ["bwrap", "--ro-bind", "/usr", "/usr"]
+            cmd = [self.bwrap, "--ro-bind", "/usr", "/usr"]
             for link in ("bin", "lib", "lib64", "sbin"):
                 cmd += ["--symlink", f"usr/{link}", f"/{link}"]
             cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/etc"]
@@ -73,7 +76,7 @@ class BwrapRuntime(Runtime):
         else:
             assert self.host is not None
             targets = {f"/etc/{name}" for name in ETC} | {RUN, HOST_ROOT, HOST_BIN, paths.workspace, paths.home}
-            cmd = ["bwrap", *image_root_args(self.rootfs, targets | set(spec.mounts))]
+            cmd = [self.bwrap, *image_root_args(self.rootfs, targets | set(spec.mounts))]
             cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
             for name in ETC:
                 cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
@@ -91,11 +94,9 @@ class BwrapRuntime(Runtime):
             cmd += ["--remount-ro", "/"]  # the directories made above for mount points, not only the image's
         cmd += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         # Binding port 53 for the DNS audit needs this one capability; the sandbox has no route anywhere anyway.
-        cmd += ["--cap-add", "CAP_NET_BIND_SERVICE", "--clearenv"]
-        for key, value in full_env.items():
-            cmd += ["--setenv", key, value]
+        cmd += ["--cap-add", "CAP_NET_BIND_SERVICE"]
         cmd += ["--chdir", cwd, "/bin/bash", f"{RUN}/init.sh", *argv]
-        return cmd
+        return Launch(cmd, full_env)  # bwrap hands its own environment, exactly this, to what it runs
 
     def stop(self) -> None:
         if self.run is not None:

@@ -22,7 +22,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_polar.sandbox.base import PROXY_PORT, ExecResult, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.base import (
+    PROXY_PORT,
+    ExecResult,
+    Launch,
+    Runtime,
+    RuntimeUnavailable,
+    SandboxPaths,
+    SandboxSpec,
+)
 from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 
 if TYPE_CHECKING:
@@ -86,6 +94,13 @@ def find_image(client: DockerClient, name: str, pull: bool) -> Image:
         return client.images.pull(name)
     except Exception as exc:  # no registry reachable, unknown name, no credentials
         raise RuntimeUnavailable(f"image {name} is not on this docker daemon and not pullable: {exc}") from None
+
+
+# Variables the docker client reads itself (where its config is, how it reaches the daemon, its temp files).
+CLIENT_READS = {
+    "PATH", "HOME", "TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+}  # fmt: skip
 
 
 class DockerRuntime(Runtime):
@@ -200,18 +215,22 @@ class DockerRuntime(Runtime):
                 raise RuntimeError(f"docker sandbox did not start (status {self.container.status}): {logs}")
             time.sleep(0.01)
 
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
         assert self.spec is not None and self.container is not None, "start() first"
-        cmd = ["docker", "exec", "-i", "-w", cwd]
+        cmd = [shutil.which("docker") or "docker", "exec", "-i", "-w", cwd]
         full_env = base_env(self.paths.home, proxy=self.spec.proxy_url is not None)
         if self.path:
             full_env["PATH"] = self.path
         full_env.update(env)
         if self.path and "PATH" in env:  # a caller's PATH still finds the host's tools
             full_env["PATH"] = f"{self.path.split(':', 1)[0]}:{env['PATH']}"
-        for key, value in full_env.items():
-            cmd += ["-e", f"{key}={value}"]
-        return [*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv]
+        # ``-e NAME`` hands the container the docker client's own value of NAME: the values ride in the client's
+        # environment, not its argv. The few the client itself reads (its PATH, HOME, proxies) keep the host's and
+        # go on argv: they are the sandbox's settings, not secrets.
+        own = {k: v for k, v in full_env.items() if k in CLIENT_READS}
+        cmd += [a for k, v in full_env.items() for a in ("-e", f"{k}={v}" if k in own else k)]
+        client_env = {**os.environ, **{k: v for k, v in full_env.items() if k not in own}}
+        return Launch([*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv], client_env)
 
     def exec(
         self,
