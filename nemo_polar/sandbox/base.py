@@ -37,7 +37,7 @@ class SandboxSpec(BaseModel):
     mounts: dict[str, Path] = Field(default_factory=dict, description="read-only: path inside -> host path")
 
 
-class Launch(NamedTuple):
+class HostCommand(NamedTuple):
     """A host command line and the environment it runs with. What the command inside sees travels in ``env``,
     never on the command line: a session's API key in argv is readable by every local user (/proc/<pid>/cmdline),
     its environment only by its owner."""
@@ -91,7 +91,7 @@ class Runtime(ABC):
     def start(self, spec: SandboxSpec) -> None: ...
 
     @abstractmethod
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
         """How the host runs ``argv`` inside the runtime with ``env`` (and the runtime's own variables)."""
 
     def exec(

@@ -12,7 +12,7 @@ import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
-from nemo_polar.sandbox.base import Launch, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.base import HostCommand, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
 from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
 from nemo_polar.sandbox.images import HOST_BIN, HOST_ROOT, HostTools, host_tools, image_env, image_rootfs
 
@@ -59,7 +59,7 @@ class BwrapRuntime(Runtime):
         self.run = RunDir(spec)
         self.audit = self.run.audit
 
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
         assert self.spec is not None, "start() first"
         spec, paths = self.spec, self.paths
         if self.rootfs is None:
@@ -96,7 +96,7 @@ class BwrapRuntime(Runtime):
         # Binding port 53 for the DNS audit needs this one capability; the sandbox has no route anywhere anyway.
         cmd += ["--cap-add", "CAP_NET_BIND_SERVICE"]
         cmd += ["--chdir", cwd, "/bin/bash", f"{RUN}/init.sh", *argv]
-        return Launch(cmd, full_env)  # bwrap hands its own environment, exactly this, to what it runs
+        return HostCommand(cmd, full_env)  # bwrap hands its own environment, exactly this, to what it runs
 
     def stop(self) -> None:
         if self.run is not None:

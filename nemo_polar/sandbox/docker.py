@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_polar.sandbox.base import (
     PROXY_PORT,
     ExecResult,
-    Launch,
+    HostCommand,
     Runtime,
     RuntimeUnavailable,
     SandboxPaths,
@@ -215,7 +215,7 @@ class DockerRuntime(Runtime):
                 raise RuntimeError(f"docker sandbox did not start (status {self.container.status}): {logs}")
             time.sleep(0.01)
 
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
         assert self.spec is not None and self.container is not None, "start() first"
         cmd = [shutil.which("docker") or "docker", "exec", "-i", "-w", cwd]
         full_env = base_env(self.paths.home, proxy=self.spec.proxy_url is not None)
@@ -230,7 +230,7 @@ class DockerRuntime(Runtime):
         own = {k: v for k, v in full_env.items() if k in CLIENT_READS}
         cmd += [a for k, v in full_env.items() for a in ("-e", f"{k}={v}" if k in own else k)]
         client_env = {**os.environ, **{k: v for k, v in full_env.items() if k not in own}}
-        return Launch([*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv], client_env)
+        return HostCommand([*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv], client_env)
 
     def exec(
         self,

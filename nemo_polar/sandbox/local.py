@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from nemo_polar.sandbox.base import Launch, Runtime, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.base import HostCommand, Runtime, SandboxPaths, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,12 @@ class LocalRuntime(Runtime):
         log.warning("runtime=local: NO ISOLATION - the harness runs on this machine with full network access")
         self.spec = spec
 
-    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> Launch:
+    def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
         assert self.spec is not None, "start() first"
         # Mounts are host paths already; the harness sees the host's filesystem.
         base = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
-        return Launch(["sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv], {**base, "HOME": str(self.spec.home), **env})
+        environment = {**base, "HOME": str(self.spec.home), **env}
+        return HostCommand(["sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv], environment)
 
     def stop(self) -> None:
         pass
