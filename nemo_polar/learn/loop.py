@@ -206,7 +206,8 @@ class Learner:
         resp = self.http.post(
             f"{self.proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
         )
-        resp.raise_for_status()
+        if resp.is_error:  # the proxy's own words say which part failed (engine, prompt check, session)
+            raise RuntimeError(f"the proxy answered {resp.status_code}: {resp.text[:1000]}")
         return resp.json()["choices"][0]["message"]["content"] or ""
 
     def attempt(self, task: Task, seed: int) -> Sample:
