@@ -239,7 +239,7 @@ def _derived(env: Any, template: str, at: int, state: list[str]) -> nodes.Templa
     loop.iter = nodes.Getitem(_name("messages"), nodes.Slice(_name(START), None, None), "load")
     values = env.parse("{{ [" + ", ".join(state) + "] | tojson }}").body[0]
     mark = nodes.Output([_name(MARK)])
-    loop.body = [mark, nodes.If(nodes.Getattr(_name("loop"), "first", "load"), [values, mark], [], []), *body]
+    loop.body = [mark, nodes.If(_attr("first"), [values, mark], [], []), *body]
     tree.set_environment(env)
     return tree
 
