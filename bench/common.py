@@ -96,7 +96,7 @@ def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[Prox
         if cpu is not None:
             cpu["proxy_cpu_s"] = cpu_seconds(proc.pid) - start
     finally:
-        stop_group(proc.pid, 10)
+        stop_group(proc, 10)
         proc.wait()
 
 

@@ -62,7 +62,7 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
             == 404
         )
     finally:
-        stop_group(proc.pid, 10)
+        stop_group(proc, 10)
         proc.wait()
 
 
@@ -120,7 +120,7 @@ def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> Non
             argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
             assert (token in argv) == (way == "argv"), way
         finally:
-            stop_group(proc.pid, 10)
+            stop_group(proc, 10)
             proc.wait()
 
 
@@ -194,4 +194,62 @@ def test_engine_niceness_reaches_what_it_starts_later(tmp_path: Path) -> None:
         proc.stdin.flush()
         assert proc.wait(timeout=30) == 0
     finally:
-        stop_group(proc.pid, 5)
+        stop_group(proc, 5)
+
+
+def test_stop_group_returns_when_its_group_has_exited() -> None:
+    """The leader is this process's own child, so it stays a zombie in its group until it is reaped: stop_group
+    must reap it, or the group looks alive until the timeout (every engine and proxy stop took its whole timeout)."""
+    import signal
+    import threading
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    stopped = threading.Event()
+    threading.Thread(target=lambda: (stop_group(proc, 3600), stopped.set()), daemon=True).start()
+    assert stopped.wait(300), "stop_group kept waiting on a group whose only process had exited"
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_stop_group_kills_a_member_that_outlives_the_leader() -> None:
+    """Reaping the leader must not end the wait early: a member that ignores SIGTERM is killed at the timeout."""
+    import signal
+
+    member = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        "time.sleep(3600)"
+    )
+    leader = (
+        "import subprocess, sys\n"
+        f"m = subprocess.Popen([sys.executable, '-c', {member!r}], stdout=subprocess.PIPE, text=True)\n"
+        "m.stdout.readline(); print(m.pid, flush=True); sys.stdin.readline()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", leader], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    member_pid = int(proc.stdout.readline())
+    stop_group(proc, 1)
+    assert proc.returncode == -signal.SIGTERM
+    assert _gone(member_pid, within_s=300), "the member that ignored SIGTERM was left running"
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    """The process has exited (a zombie awaiting its new parent's reaping counts), waiting up to ``within_s``."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False

@@ -151,7 +151,7 @@ class EngineProcess:
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc is None:
             return
-        stop_group(self.proc.pid, timeout)
+        stop_group(self.proc, timeout)
         self.proc.wait(timeout=5)
         self.proc = None
 
@@ -200,19 +200,26 @@ def wait_healthy(
     raise TimeoutError(f"{name} at {url} not healthy after {timeout:.0f} s (log: {log})")
 
 
-def stop_group(pid: int, timeout: float = 30.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``."""
+def stop_group(proc: subprocess.Popen[bytes] | int, timeout: float = 30.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``.
+
+    Pass the ``Popen`` of a child this process started: it is reaped as soon as it exits. An unreaped leader stays
+    a zombie inside its group, and the group would look alive until the timeout ran out on every stop.
+    """
+    pid = proc if isinstance(proc, int) else proc.pid
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not isinstance(proc, int):
+            proc.poll()
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
             return
-        time.sleep(0.2)
+        time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
 
