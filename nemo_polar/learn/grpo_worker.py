@@ -19,6 +19,9 @@ The loss restates ``ClippedPGLossFn`` from NVIDIA-NeMo/RL ``nemo_rl/algorithms/l
 rollout batch they equal ``curr`` detached, so they come from the same forward pass (NeMo-RL computes them in a
 separate pass before training; the values are the same). The trainer/engine mismatch NeMo-RL logs is reported:
 ``token_mult_prob_error = mean(exp(|generation - prev|))`` and ``gen_kl_error`` (k3 of ``prev - generation``).
+
+``polar learn`` runs it in fp32 on the CPU; ``dtype`` and ``device`` run the same step elsewhere (bf16 on a GPU:
+``scripts/device_check.py``).
 """
 
 from __future__ import annotations
@@ -90,10 +93,13 @@ class Trainer:
         loss: dict[str, Any],
         micro_batch: int = 16,
         train_embeddings: bool = False,
+        dtype: str = "float32",
+        device: str = "cpu",
     ) -> None:
         torch.manual_seed(seed)
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.dtype, self.device = getattr(torch, dtype), torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device)
         self.model.train()
         if not train_embeddings:
             # vLLM 0.32's in-place reload (CPU) leaves a tied output head on its load-time copy: after an
@@ -118,13 +124,14 @@ class Trainer:
         self.optim.zero_grad(set_to_none=True)
         for i in range(0, len(rows), self.micro_batch):
             mb = rows[i : i + self.micro_batch]
-            ids = _pad(mb, "input_ids", 0, torch.long)
-            attention = _pad(mb, "attention", 0, torch.long)
+            ids = _pad(mb, "input_ids", 0, torch.long).to(self.device)
+            attention = _pad(mb, "attention", 0, torch.long).to(self.device)
             mask = _pad(mb, "token_mask", 0, torch.float32)[:, 1:] * torch.tensor(
                 [float(r["sample_mask"]) for r in mb]
             ).unsqueeze(-1)
-            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32)[:, 1:]
-            advantages = _pad(mb, "advantages", 0.0, torch.float32)[:, 1:]
+            mask = mask.to(self.device)
+            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32)[:, 1:].to(self.device)
+            advantages = _pad(mb, "advantages", 0.0, torch.float32)[:, 1:].to(self.device)
             curr = token_logprobs(self.model, ids, attention)
             prev = curr.detach()
             loss = clipped_pg_loss(curr, prev, generation, advantages, mask, float(valid), self.loss)
@@ -165,11 +172,19 @@ class Trainer:
     def score(self, sequences: list[list[int]], model_dir: str | None = None) -> list[list[float]]:
         """Per-token logprobs (position ``t`` scores token ``t + 1``) under the current weights, or under the
         checkpoint in ``model_dir``."""
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if model_dir else self.model
+        model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device)
+            if model_dir
+            else self.model
+        )
         model.eval()
         try:
             return [
-                token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0].tolist()
+                token_logprobs(
+                    model,
+                    torch.tensor([s], device=self.device),
+                    torch.ones(1, len(s), dtype=torch.long, device=self.device),
+                )[0].tolist()
                 for s in sequences
             ]
         finally:
