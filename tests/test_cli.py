@@ -219,7 +219,6 @@ def test_stop_group_returns_when_its_group_has_exited() -> None:
 
 def test_stop_group_kills_a_member_that_outlives_the_leader() -> None:
     """Reaping the leader must not end the wait early: a member that ignores SIGTERM is killed at the timeout."""
-    import signal
 
     member = (
         "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
@@ -236,7 +235,7 @@ def test_stop_group_kills_a_member_that_outlives_the_leader() -> None:
     assert proc.stdout is not None
     member_pid = int(proc.stdout.readline())
     stop_group(proc, 1)
-    assert proc.returncode == -signal.SIGTERM
+    assert proc.wait(timeout=300) < 0  # ended by a signal: SIGTERM, or SIGKILL if it was not scheduled within 1 s
     assert _gone(member_pid, within_s=300), "the member that ignored SIGTERM was left running"
 
 
