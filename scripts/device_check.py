@@ -68,10 +68,10 @@ def hf_step(worker: Any, model: Path, batches: list[Path], dtype: str, device: s
     """One learn step as ``polar learn`` runs it, in ``dtype`` on ``device``: the mismatch is measured in the step's
     own forward pass, before the optimiser changes anything."""
     trainer = worker.Trainer(str(model), lr=2e-5, seed=0, loss={}, dtype=dtype, device=device)
+    base = trainer.score([r["input_ids"] for r in _rows(batches)])  # before the step: the served weights
     with tempfile.TemporaryDirectory() as tmp:
         batch = Path(tmp) / "batch.jsonl"
         batch.write_text("".join(b.read_text() for b in batches))
-        base = trainer.score([r["input_ids"] for r in _rows(batches)], str(model))
         return {"step": trainer.step(str(batch), str(Path(tmp) / "out")), "logprobs": base}
 
 

@@ -79,9 +79,9 @@ def clipped_pg_loss(
     return (weights * clip_loss * mask).sum() / global_valid_toks
 
 
-def _pad(rows: list[dict[str, Any]], key: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
+def _pad(rows: list[dict[str, Any]], key: str, fill: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     width = max(len(r["input_ids"]) for r in rows)
-    return torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows], dtype=dtype)
+    return torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows], dtype=dtype, device=device)
 
 
 class Trainer:
@@ -124,14 +124,13 @@ class Trainer:
         self.optim.zero_grad(set_to_none=True)
         for i in range(0, len(rows), self.micro_batch):
             mb = rows[i : i + self.micro_batch]
-            ids = _pad(mb, "input_ids", 0, torch.long).to(self.device)
-            attention = _pad(mb, "attention", 0, torch.long).to(self.device)
-            mask = _pad(mb, "token_mask", 0, torch.float32)[:, 1:] * torch.tensor(
-                [float(r["sample_mask"]) for r in mb]
+            ids = _pad(mb, "input_ids", 0, torch.long, self.device)
+            attention = _pad(mb, "attention", 0, torch.long, self.device)
+            mask = _pad(mb, "token_mask", 0, torch.float32, self.device)[:, 1:] * torch.tensor(
+                [float(r["sample_mask"]) for r in mb], device=self.device
             ).unsqueeze(-1)
-            mask = mask.to(self.device)
-            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32)[:, 1:].to(self.device)
-            advantages = _pad(mb, "advantages", 0.0, torch.float32)[:, 1:].to(self.device)
+            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32, self.device)[:, 1:]
+            advantages = _pad(mb, "advantages", 0.0, torch.float32, self.device)[:, 1:]
             curr = token_logprobs(self.model, ids, attention)
             prev = curr.detach()
             loss = clipped_pg_loss(curr, prev, generation, advantages, mask, float(valid), self.loss)
