@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from nemo_polar.proxy.app import ProxyApps, ProxyConfig
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.serve import ProxyServer
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness_requests"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "harness_requests"
+TASKS = ROOT / "examples" / "tasks" / "swebench5"  # real projects' bugs, as a SWE-bench 5 task repo
 
 
 def _start_engine(model: str) -> Iterator[str]:
@@ -118,3 +121,14 @@ def load_fixture(harness: str, name: str) -> dict[str, Any]:
 
 def all_fixtures() -> list[tuple[str, str]]:
     return sorted((p.parent.name, p.name) for p in FIXTURES.glob("*/*.json"))
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, Any]:
+    """The swebench5 task images, built once and cached by their Dockerfiles (scripts/build_swebench5_images.sh):
+    instance id -> SWEInstance."""
+    from nemo_polar.rewards.instance import select_instances
+
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "build_swebench5_images.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {i.instance_id: i for i in select_instances(TASKS)}

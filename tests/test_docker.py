@@ -112,11 +112,12 @@ def test_docker_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
 
 
 def test_docker_without_a_proxy_has_no_route_out(tmp_path: Path) -> None:
-    """Grading runs with no proxy at all: no relay to one, and the audit still refuses and records."""
+    """Grading runs with no proxy at all: no relay to one, no audit, a lookup fails at once as in a plain
+    container with no network."""
     spec = make_spec(tmp_path, "http://127.0.0.1:1").model_copy(update={"proxy_url": None})
     script = (
         f"(exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}) 2>/dev/null && echo proxy-route; "
-        "python3 -c 'import socket; socket.getaddrinfo(\"egress-probe.invalid\", 443)' 2>/dev/null || echo dns-refused"
+        "python3 -c 'import socket; socket.getaddrinfo(\"egress-probe.invalid\", 443)' 2>/dev/null || echo dns-failed"
     )
     with get_runtime("docker") as rt:
         rt.start(spec)
@@ -124,8 +125,8 @@ def test_docker_without_a_proxy_has_no_route_out(tmp_path: Path) -> None:
         attempts = rt.egress_attempts()
     out = done.stdout.read_text()
     assert done.returncode == 0, done.stderr.read_text()
-    assert "proxy-route" not in out and "dns-refused" in out
-    assert ("dns", "egress-probe.invalid") in {(a.kind, a.target) for a in attempts}
+    assert "proxy-route" not in out and "dns-failed" in out
+    assert done.duration_s < 30 and attempts == []
     assert not (spec.run_dir / "proxy.sock").exists()
 
 
@@ -142,7 +143,7 @@ def test_docker_timeout_kills_the_command_inside(proxy: ProxyHandle, tmp_path: P
     assert done.timed_out and done.returncode is None
     assert "sleep 30" not in left, left  # all three, the detached one included
     # The relays (pid 1's) survive, and the next command gets through.
-    assert sum(line.startswith("socat ") for line in left.splitlines()) == 3
+    assert sum(line.startswith("socat ") for line in left.splitlines()) == 2  # the DNS audit and the proxy
     assert again.returncode == 0 and "200 OK" in again.stdout.read_text()
 
 

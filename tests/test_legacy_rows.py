@@ -1,7 +1,8 @@
 """Legacy rows (SWE-Gym, SWE-bench exports before 5.0: no eval_script, log_parser or image) converted by
 `polar convert-rows` with a pre-5.0 swebench's own spec tables, run in its tool venv. The three real tasks of
 examples/tasks/swebench5, stripped to legacy rows, come back as the task repo publishes them: Django and SymPy from
-swebench 4.1.0's tables, more-itertools (which the tables lack, as they lack SWE-Gym's repositories) from --specs."""
+swebench 4.1.0's tables, more-itertools (which the tables lack, as they lack SWE-Gym's repositories) and requests 2.30
+(a version they lack) from --specs, requests' parser under swebench 5's name for it (4.1 names the function)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from nemo_polar.cli import main
 from nemo_polar.rewards.instance import select_instances
-from nemo_polar.rewards.legacy import image_name
+from nemo_polar.rewards.legacy import current_parser_name, image_name
+from nemo_polar.rewards.testlog import is_pytest_parser, repo_parser_names
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "examples" / "tasks" / "swebench5"
@@ -26,6 +28,10 @@ more-itertools/more-itertools:
     test_cmd: pytest --no-header -rA --tb=no -p no:cacheprovider
     install: python -m pip install -e .
     log_parser: parse_log_pytest
+psf/requests:
+  "2.30":
+    test_cmd: pytest --no-header -rA --tb=no -p no:cacheprovider
+    install: python -m pip install -e .
 """
 
 
@@ -137,3 +143,29 @@ def test_bad_legacy_rows_are_named_and_nothing_is_written(tmp_path: Path) -> Non
             main(["convert-rows", str(source), "-o", str(out), "--image", image, *extra])
         assert str(caught.value).startswith("polar convert-rows: ") and message in str(caught.value), name
         assert not out.exists() and not list(tmp_path.glob(f".{name}*")), name
+
+
+def test_parser_names_are_swebench_5s() -> None:
+    """swebench 5 names a repository's parser by its table's alias; the names read from its tables are each bound
+    to the very function its table holds, and a 4.x name of the same function becomes 5's."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+
+    names = repo_parser_names()
+    assert names["psf/requests"] == "parse_log_requests" and names["django/django"] == "parse_log_django"
+    for repo, parser in MAP_REPO_TO_PARSER_PY.items():
+        assert PARSER_REGISTRY[names[repo]] is parser, repo
+    assert current_parser_name("psf/requests", "parse_log_pytest_options") == "parse_log_requests"
+    assert current_parser_name("psf/requests", "parse_log_pytest") == "parse_log_pytest"  # another function: kept
+    assert current_parser_name("example/unknown", "parse_log_pytest_options") == "parse_log_pytest_options"
+
+
+def test_every_name_of_a_pytest_parser_is_graded_as_pytest() -> None:
+    """Only pytest's own final report is graded for a pytest log, whatever name the row gives its parser."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import parse_log_pytest, parse_log_pytest_options, parse_log_pytest_v2
+
+    pytest_parsers = (parse_log_pytest, parse_log_pytest_options, parse_log_pytest_v2)
+    for name, parser in PARSER_REGISTRY.items():
+        assert is_pytest_parser(name) == (parser in pytest_parsers), name
+    assert is_pytest_parser("parse_log_requests") and not is_pytest_parser("parse_log_sympy")

@@ -17,20 +17,10 @@ import pytest
 from nemo_polar.rewards.grader import GradeResult, grade_many
 from nemo_polar.rewards.instance import SWEInstance, select_instances
 from nemo_polar.sandbox.workspace import GIT
-from tests.conftest import ProxyHandle
+from tests.conftest import TASKS, ProxyHandle
 
 pytestmark = pytest.mark.real_image  # the heaviest tests: `pytest -m "not real_image"` leaves them out
-ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / "examples" / "tasks" / "swebench5"
 TASK_IDS = sorted(d.name for d in (TASKS / "tasks").iterdir() if (d / "task.yaml").exists())
-
-
-@pytest.fixture(scope="session")
-def images() -> dict[str, SWEInstance]:
-    """The task images, built once and cached by their Dockerfiles (scripts/build_swebench5_images.sh)."""
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "build_swebench5_images.sh")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return {i.instance_id: i for i in select_instances(TASKS)}
 
 
 def edit_patch(instance: SWEInstance, tmp_path: Path, path: str, text: str) -> str:
@@ -103,7 +93,8 @@ def test_gold_empty_and_wrong_patches(
     runtime: str,
     tmp_path: Path,
 ) -> None:
-    """Each runner family (pytest, Django's runtests.py, SymPy's bin/test) in both runtimes."""
+    """Each runner family (pytest, Django's runtests.py, SymPy's bin/test, and requests: a network library whose
+    tests read the proxy environment and resolve names) in both runtimes."""
     graded = docker_grades if runtime == "docker" else grade_all(images, patches, runtime, tmp_path / "logs")
     for instance_id, results in graded.items():
         gold, empty, wrong = results["gold"], results["empty"], results["wrong"]

@@ -259,7 +259,7 @@ class Evaluator:
         output = testlog.test_output(log)
         if output is None:
             return self._outcome("infra_failure", f"evaluation sandbox exited {run.returncode}: {log[-500:]}")
-        pytest = inst.log_parser in testlog.PYTEST_PARSERS
+        pytest = testlog.is_pytest_parser(inst.log_parser)
         if pytest:
             report_text = testlog.pytest_report(output)
             if report_text is None:

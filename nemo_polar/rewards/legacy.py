@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nemo_polar.paths import cache_dir
 from nemo_polar.rewards.instance import SWEInstance, read_rows
+from nemo_polar.rewards.testlog import repo_parser_names
 
 LEGACY_SWEBENCH = "swebench==4.1.0"
 REQUIRED = ("instance_id", "repo", "version", "base_commit", "test_patch")
@@ -120,6 +121,18 @@ def tool_python(requirement: str = LEGACY_SWEBENCH) -> Path:
     return python
 
 
+def current_parser_name(repo: str, parser: str) -> str:
+    """The name swebench 5 gives ``repo``'s parser where it is the same function as ``parser``. swebench 4.x
+    names a repository's parser by its function (``parse_log_pytest_options`` for psf/requests); swebench 5's
+    rows by its table's alias (``parse_log_requests``). Either grades alike; a row should read as 5 publishes it."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    current = repo_parser_names().get(repo)
+    if current is not None and PARSER_REGISTRY.get(current) is PARSER_REGISTRY.get(parser):
+        return current
+    return parser
+
+
 def _checked(where: str, row: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in REQUIRED if not row.get(k)]
     if missing:
@@ -157,6 +170,7 @@ def convert(
         if "error" in result:
             raise ValueError(f"{where} ({row['instance_id']}): {result['error']}")
         converted = {**row, **result}
+        converted["log_parser"] = current_parser_name(row["repo"], converted["log_parser"])
         converted["image"] = row.get("image") or image_name(image, row["instance_id"])
         try:
             SWEInstance.model_validate(converted)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 from typing import NamedTuple
 
 # swebench.harness.constants' log markers, spelled out: importing swebench takes seconds (tests check they match).
@@ -19,7 +20,7 @@ START_TEST_OUTPUT = ">>>>> Start Test Output"
 END_TEST_OUTPUT = ">>>>> End Test Output"
 TEST_EXIT_CODE = ">>>>> Test Exit Code"
 MARKER = ">>>>>"
-PYTEST_PARSERS = frozenset({"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
+PYTEST_PARSERS = ("parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2")  # and their aliases
 SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 # pytest's last line, e.g. "==== 1 failed, 3 passed, 1 warning in 0.12s ====", "no tests ran in 0.01s" (-q: no
 # rules), "... in 61.20s (0:01:01)", and before pytest 5.4 "... in 0.12 seconds".
@@ -62,6 +63,36 @@ def known_log_parsers() -> frozenset[str]:
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
     return frozenset(PARSER_REGISTRY)
+
+
+@functools.cache
+def is_pytest_parser(name: str) -> bool:
+    """Whether swebench's parser ``name`` reads pytest's report: one of its pytest parsers under any of its names
+    (``parse_log_requests`` is ``parse_log_pytest_options``, ``parse_log_flask`` is ``parse_log_pytest``, ...)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    return PARSER_REGISTRY.get(name) in [PARSER_REGISTRY[p] for p in PYTEST_PARSERS]
+
+
+@functools.cache
+def repo_parser_names() -> dict[str, str]:
+    """The parser name swebench's own tables (``MAP_REPO_TO_PARSER_*`` in ``swebench/harness/log_parsers``) give each
+    repository, as SWE-bench 5 rows name it. Read from the tables' source: the names are aliases of shared
+    functions (``parse_log_requests = parse_log_pytest_options``), so the function alone does not tell them."""
+    import ast
+
+    import swebench.harness.log_parsers as parsers
+
+    names: dict[str, str] = {}
+    for source in sorted(Path(parsers.__file__).parent.glob("*.py")):
+        for node in ast.parse(source.read_text()).body:
+            tables = [t for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if not any(t.id.startswith("MAP_REPO_TO_PARSER") for t in tables) or not isinstance(node.value, ast.Dict):
+                continue
+            for key, value in zip(node.value.keys, node.value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(value, ast.Name) and value.id in known_log_parsers():
+                    names[key.value] = value.id
+    return names
 
 
 def swebench_version() -> str:

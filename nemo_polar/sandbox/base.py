@@ -2,8 +2,9 @@
 
 A runtime gives a harness a writable workspace (a git checkout), a writable home for its config files, the pinned
 CLI installs read-only, and one network route: the proxy, reached on a loopback port inside the sandbox that a
-relay forwards over a Unix socket bound in from the host. Everything else a CLI tries to reach is refused and
-recorded by the egress audit.
+relay forwards over a Unix socket bound in from the host. Every name a CLI looks up is refused and recorded by the
+egress audit; an address has no route. A grading sandbox (``proxy_url=None``) has neither route nor audit: over an
+instance image it is the image as swebench's harness runs it (hostside.py, docs/grading_environment.md).
 """
 
 from __future__ import annotations

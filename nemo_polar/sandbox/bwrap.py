@@ -1,9 +1,12 @@
 """bubblewrap runtime (the default): own pid/mount/net/ipc/uts namespaces, read-only system, only the workspace and
-the harness home writable, no capabilities, and no network but the relayed proxy.
+the home writable, and no network but the relayed proxy (none at all for grading).
 
 The system is the host's /usr, or, given ``rootfs`` (or ``image``, unpacked by ``images.image_rootfs``), an OCI
-image's root filesystem: a docker-free image runtime. Then the image's own bash, python, git... run, and only
-init.sh's ``socat`` and the CLIs' ``node`` come from the host (``images.HostTools``, first on PATH)."""
+image's root filesystem: a docker-free image runtime. Then the image's own bash, python, git... run with the image's
+environment and /etc (docker's hosts, hostname and resolv.conf, as ``docker run`` has them), and in an agent's
+sandbox only init.sh's ``socat`` and the CLIs' ``node`` come from the host (``images.HostTools``, first on PATH).
+A grading sandbox over an image runs as a container of it would (hostside.py): the image's /root as its home (a
+writable copy), docker's default capabilities but CAP_MKNOD (no device cgroup here to make a device node harmless)."""
 
 from __future__ import annotations
 
@@ -12,14 +15,20 @@ import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
-from nemo_polar.sandbox.base import HostCommand, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
-from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
+from nemo_polar.sandbox.base import PROXY_PORT, HostCommand, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
+from nemo_polar.sandbox.hostside import RunDir, base_env, container_hostname, exec_env, image_etc, require
 from nemo_polar.sandbox.images import HOST_BIN, HOST_ROOT, HostTools, host_tools, image_env, image_rootfs
 
 HOST_ETC = ["ssl", "ca-certificates", "localtime", "alternatives"]  # read-only, harmless, some tools expect them
 RUN = "/run/polar"
 HOME = "/root"
 OWN_TOP = {"proc", "dev", "tmp", "run", "sys"}  # never the image's: bwrap makes them (there is no /sys at all)
+# docker's default capability set (moby oci/caps/defaults.go), what swebench's containers run with, less CAP_MKNOD:
+# docker's device cgroup makes a device node useless in a container; a bwrap sandbox has none.
+GRADING_CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP",
+]  # fmt: skip
 
 
 class BwrapRuntime(Runtime):
@@ -39,6 +48,7 @@ class BwrapRuntime(Runtime):
         self.host: HostTools | None = None
         self.run: RunDir | None = None
         self.bwrap = "bwrap"  # found on the host's PATH at start(): the command's own environment is the sandbox's
+        self.hostname = "sandbox"  # an image sandbox's is new for each start(), shaped as docker's
 
     @property
     def paths(self) -> SandboxPaths:
@@ -54,48 +64,66 @@ class BwrapRuntime(Runtime):
         if self.rootfs is not None:
             if not (self.rootfs / "bin").exists() and not (self.rootfs / "usr").is_dir():
                 raise RuntimeUnavailable(f"{self.rootfs} is not a root filesystem (no /usr, no /bin)")
-            self.host = host_tools()
+            self.hostname = container_hostname()
+            grading = spec.proxy_url is None
+            if grading:  # the image's home as a container has it: its own files, writable
+                home = self.rootfs / HOME.lstrip("/")
+                if home.is_dir() and not any(spec.home.iterdir()):
+                    shutil.copytree(home, spec.home, symlinks=True, dirs_exist_ok=True)
+            else:
+                self.host = host_tools()
+            self.run = RunDir(spec, image_etc(self.hostname, grading))
+        else:
+            self.run = RunDir(spec)
         self.spec = spec
-        self.run = RunDir(spec)
         self.audit = self.run.audit
 
     def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
-        assert self.spec is not None, "start() first"
-        spec, paths = self.spec, self.paths
+        assert self.spec is not None and self.run is not None, "start() first"
+        spec, paths, etc = self.spec, self.paths, self.run.etc
+        grading = spec.proxy_url is None
         if self.rootfs is None:
             cmd = [self.bwrap, "--ro-bind", "/usr", "/usr"]
             for link in ("bin", "lib", "lib64", "sbin"):
                 cmd += ["--symlink", f"usr/{link}", f"/{link}"]
             cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/etc"]
-            for name in ETC:
+            for name in etc:
                 cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
             for name in HOST_ETC:
                 cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-            cmd += ["--ro-bind", str(spec.run_dir), RUN]
-            full_env = {**base_env(paths.home, proxy=spec.proxy_url is not None), **env}
+            full_env = {**base_env(paths.home), **env}
         else:
-            assert self.host is not None
-            targets = {f"/etc/{name}" for name in ETC} | {RUN, HOST_ROOT, HOST_BIN, paths.workspace, paths.home}
-            cmd = [self.bwrap, *image_root_args(self.rootfs, targets | set(spec.mounts))]
+            targets = {f"/etc/{name}" for name in etc} | {paths.workspace, paths.home} | set(spec.mounts)
+            if not grading:
+                targets |= {RUN, HOST_ROOT, HOST_BIN}
+            cmd = [self.bwrap, *image_root_args(self.rootfs, targets)]
             cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-            for name in ETC:
+            for name in etc:
                 cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
-            cmd += ["--ro-bind", str(spec.run_dir), RUN, *self.host.bwrap_args()]
-            inside = image_env(self.rootfs)
-            full_env = {**inside, **base_env(paths.home, proxy=spec.proxy_url is not None)}
-            full_env["PATH"] = inside.get("PATH") or full_env["PATH"]  # the image's own, as docker would have it
+            full_env = exec_env(image_env(self.rootfs), self.hostname)
+            if not grading:
+                assert self.host is not None
+                cmd += self.host.bwrap_args()
             full_env.update(env)
-            # Only socat and node are there; everything else on PATH stays the image's.
-            full_env["PATH"] = f"{HOST_BIN}:{full_env['PATH']}"
+        if not grading:
+            cmd += ["--ro-bind", str(spec.run_dir), RUN]
+            full_env["POLAR_PROXY_PORT"] = str(PROXY_PORT)
+            if self.host is not None:  # only socat and node are there; everything else on PATH stays the image's
+                full_env["PATH"] = f"{HOST_BIN}:{full_env['PATH']}"
         cmd += ["--bind", str(spec.workspace), paths.workspace, "--bind", str(spec.home), paths.home]
         for inside_path, host in spec.mounts.items():  # after the home bind, which would otherwise hide mounts under it
             cmd += ["--ro-bind", str(host), inside_path]
         if self.rootfs is not None:
             cmd += ["--remount-ro", "/"]  # the directories made above for mount points, not only the image's
-        cmd += ["--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-        # Binding port 53 for the DNS audit needs this one capability; the sandbox has no route anywhere anyway.
-        cmd += ["--cap-add", "CAP_NET_BIND_SERVICE"]
-        cmd += ["--chdir", cwd, "/bin/bash", f"{RUN}/init.sh", *argv]
+        cmd += ["--unshare-all", "--hostname", self.hostname, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        if grading and self.rootfs is not None:
+            cmd += [arg for cap in GRADING_CAPS for arg in ("--cap-add", cap)]
+            cmd += ["--chdir", cwd, *argv]
+        else:
+            # Binding port 53 for the DNS audit needs this one capability; the sandbox has no route anywhere anyway.
+            cmd += ["--cap-add", "CAP_NET_BIND_SERVICE"]
+            init = [] if grading else ["/bin/bash", f"{RUN}/init.sh"]
+            cmd += ["--chdir", cwd, *init, *argv]
         return HostCommand(cmd, full_env)  # bwrap hands its own environment, exactly this, to what it runs
 
     def stop(self) -> None:

@@ -2,12 +2,15 @@
 network at all, no capabilities, a read-only root, CPU/memory/pids limits, and the same view as bwrap: the workspace
 and home writable, the harness installs and the host's node read-only, and the proxy reached through the relays.
 
-Commands run through ``docker exec`` and the same ``init.sh`` (fail-fast proxy check; with no proxy, for grading, no
-route out at all). The relays themselves belong to the container's first process, which keeps them for its lifetime:
-an exec's own relays would hold its output open, and ``docker exec`` waits for that (2 s per exec). ``init.sh`` finds
-the ports taken, its relays exit at once, and its proxy check runs as under bwrap. Killing a ``docker exec`` client
-leaves the command running in the container, so a timeout also kills, inside, everything outside the first process's
-session.
+A grading container (no proxy) is the image as swebench's harness runs it (``create_container``): root, docker's
+default capabilities (not the CAP_SYS_ADMIN swebench adds for browser sandboxes: in a container on cgroup v1 it is a
+way out), the image's own environment, /etc and home, its root writable; only the network is off and the
+limits stay. Commands run through ``docker exec``: an agent's through the same ``init.sh`` (fail-fast proxy check),
+a grader's as they are. The relays themselves belong to the container's first process, which keeps them for its
+lifetime: an exec's own relays would hold its output open, and ``docker exec`` waits for that (2 s per exec).
+``init.sh`` finds the ports taken, its relays exit at once, and its proxy check runs as under bwrap. Killing a
+``docker exec`` client leaves the command running in the container, so a timeout also kills, inside, everything
+outside the first process's session.
 
 The runtime does not start a daemon or build the image itself: that needs root, so ``make docker`` does it once.
 """
@@ -31,7 +34,7 @@ from nemo_polar.sandbox.base import (
     SandboxPaths,
     SandboxSpec,
 )
-from nemo_polar.sandbox.hostside import ETC, RunDir, base_env, require
+from nemo_polar.sandbox.hostside import AUDIT_RESOLV, DEFAULT_PATH, RunDir, base_env, require
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from nemo_polar.sandbox.images import HostTools
 
 IMAGE = "nemo-polar/runtime:1"
+GRADING_USER = "root"  # swebench.image_builder.constants.CONTAINER_USER (5.0.2), the user its harness runs as
 SETUP = "run `make docker` (scripts/setup_docker.sh: installs docker.io, starts dockerd, builds the image)"
 RUN = "/run/polar"
 LABEL = "nemo_polar.runtime"
@@ -48,22 +52,19 @@ READY = "polar-relays-ready"
 
 
 def keeper(proxy: bool) -> str:
-    """The container's first process: init.sh's relays (the proxy's only if there is a proxy), held for the
+    """The container's first process: init.sh's relays (an agent's: the DNS audit and the proxy), held for the
     container's lifetime, then a reaper loop (bash reaps orphans; a timeout kill ends its sleep, not it). Ready once
     they all listen (/proc/net: hex ports, 0A = LISTEN); probing them by connecting would show up in the audit."""
-    relays = [
-        f"TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{RUN}/egress-http.sock",
-        f"UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:{RUN}/egress-dns.sock",
-    ]
-    listening = ["grep -q ':0C38 00000000:0000 0A' /proc/net/tcp", "grep -q ':0035 ' /proc/net/udp"]
+    relays, listening = [], []
     if proxy:
-        relays.append(f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{RUN}/proxy.sock")
-        listening.append(f"grep -q ':{PROXY_PORT:04X} 00000000:0000 0A' /proc/net/tcp")
+        relays += [
+            f"UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:{RUN}/egress-dns.sock",
+            f"TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{RUN}/proxy.sock",
+        ]
+        listening += ["grep -q ':0035 ' /proc/net/udp", f"grep -q ':{PROXY_PORT:04X} 00000000:0000 0A' /proc/net/tcp"]
+    wait = f"for _ in $(seq 500); do {' && '.join(listening)} && break; sleep 0.01; done\n" if listening else ""
     return "".join(f"socat {r} 2>/dev/null &\n" for r in relays) + (
-        f"for _ in $(seq 500); do {' && '.join(listening)} && break; sleep 0.01; done\n"
-        f"echo {READY}\n"
-        "trap 'exit 0' TERM\n"
-        "while :; do sleep 86400 & wait $!; done\n"
+        f"{wait}echo {READY}\ntrap 'exit 0' TERM\nwhile :; do sleep 86400 & wait $!; done\n"
     )
 
 
@@ -150,18 +151,19 @@ class DockerRuntime(Runtime):
             client.close()
             raise
         self.client = client
-        if self.instance_image:  # its own PATH (conda's...), with the host's socat and node first
+        grading = spec.proxy_url is None
+        if self.instance_image and not grading:  # its own PATH (conda's...), with the host's socat and node first
             from nemo_polar.sandbox.images import HOST_BIN, host_tools
 
             self.host = host_tools()
             image_env = dict(e.split("=", 1) for e in found.attrs["Config"].get("Env") or [] if "=" in e)
-            self.path = f"{HOST_BIN}:{image_env.get('PATH') or base_env('/')['PATH']}"
+            self.path = f"{HOST_BIN}:{image_env.get('PATH') or DEFAULT_PATH}"
 
         self.spec = spec
-        self.run = RunDir(spec)
+        self.run = RunDir(spec, {} if grading else {"resolv.conf": AUDIT_RESOLV})
         self.audit = self.run.audit
-        command = ["/bin/bash", "-c", keeper(proxy=spec.proxy_url is not None)]
-        config = self._config(spec, node)
+        command = ["/bin/bash", "-c", keeper(proxy=not grading)]
+        config = self._grading_config(spec) if grading else self._config(spec, node)
         if self.path:
             config["environment"] = {"PATH": self.path}
         self.container = client.containers.run(self.image, command, **config)
@@ -173,8 +175,7 @@ class DockerRuntime(Runtime):
         def bind(target: str, source: Path, read_only: bool = True) -> Mount:
             return Mount(target, str(source), type="bind", read_only=read_only)
 
-        mounts = [bind(f"/etc/{name}", spec.run_dir / "etc" / name) for name in ETC]
-        mounts += [bind(RUN, spec.run_dir)]
+        mounts = [bind("/etc/resolv.conf", spec.run_dir / "etc" / "resolv.conf"), bind(RUN, spec.run_dir)]
         if self.host is None:
             mounts.append(bind("/usr/bin/node", node))
         else:  # a task's image has its own libc, or no node: the host's tools, patched to load the host's libraries
@@ -185,19 +186,32 @@ class DockerRuntime(Runtime):
         mounts += [bind(inside, host) for inside, host in spec.mounts.items()]
         mounts += [bind(self.paths.workspace, spec.workspace, False), bind(self.paths.home, spec.home, False)]
         return {
-            "detach": True,
+            **self._limits(spec),
             "mounts": mounts,
-            "network_mode": "none",
-            "hostname": "sandbox",
             # As under bwrap: the caller's own uid, so what the harness writes stays the caller's.
             "user": f"{os.getuid()}:{os.getgid()}",
-            "working_dir": self.paths.workspace,
             "read_only": not self.instance_image,
             "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
             # No capabilities at all: the DNS audit's port 53 is made unprivileged in the container's own netns.
             "cap_drop": ["ALL"],
             "sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
             "security_opt": ["no-new-privileges"],
+        }
+
+    def _grading_config(self, spec: SandboxSpec) -> dict[str, Any]:
+        """swebench's container (``create_container``: root, docker's default capabilities, the image's own home,
+        /etc and /tmp, its root writable), with no network, the limits and the grader's read-only mounts."""
+        from docker.types import Mount
+
+        mounts = [Mount(inside, str(host), type="bind", read_only=True) for inside, host in spec.mounts.items()]
+        mounts.append(Mount(self.paths.workspace, str(spec.workspace), type="bind", read_only=False))
+        return {**self._limits(spec), "mounts": mounts, "user": GRADING_USER}
+
+    def _limits(self, spec: SandboxSpec) -> dict[str, Any]:
+        return {
+            "detach": True,
+            "network_mode": "none",
+            "working_dir": self.paths.workspace,
             "nano_cpus": int(self.cpus * 1e9),
             "mem_limit": self.memory,
             "memswap_limit": self.memory,
@@ -218,19 +232,24 @@ class DockerRuntime(Runtime):
     def command(self, argv: list[str], env: dict[str, str], cwd: str) -> HostCommand:
         assert self.spec is not None and self.container is not None, "start() first"
         cmd = [shutil.which("docker") or "docker", "exec", "-i", "-w", cwd]
-        full_env = base_env(self.paths.home, proxy=self.spec.proxy_url is not None)
-        if self.path:
-            full_env["PATH"] = self.path
-        full_env.update(env)
-        if self.path and "PATH" in env:  # a caller's PATH still finds the host's tools
-            full_env["PATH"] = f"{self.path.split(':', 1)[0]}:{env['PATH']}"
+        if self.spec.proxy_url is None:  # grading: the container's own environment, and the grader's variables
+            full_env = dict(env)
+        else:  # an instance image's environment is the container's; the runtime image's is the sandbox's own
+            full_env = {} if self.instance_image else base_env(self.paths.home)
+            if self.path:
+                full_env["PATH"] = self.path
+            full_env.update(env)
+            if self.path and "PATH" in env:  # a caller's PATH still finds the host's tools
+                full_env["PATH"] = f"{self.path.split(':', 1)[0]}:{env['PATH']}"
+            full_env["POLAR_PROXY_PORT"] = str(PROXY_PORT)
+            argv = ["/bin/bash", f"{RUN}/init.sh", *argv]
         # ``-e NAME`` hands the container the docker client's own value of NAME: the values ride in the client's
         # environment, not its argv. The few the client itself reads (its PATH, HOME, proxies) keep the host's and
         # go on argv: they are the sandbox's settings, not secrets.
         own = {k: v for k, v in full_env.items() if k in CLIENT_READS}
         cmd += [a for k, v in full_env.items() for a in ("-e", f"{k}={v}" if k in own else k)]
         client_env = {**os.environ, **{k: v for k, v in full_env.items() if k not in own}}
-        return HostCommand([*cmd, self.container.id, "/bin/bash", f"{RUN}/init.sh", *argv], client_env)
+        return HostCommand([*cmd, self.container.id, *argv], client_env)
 
     def exec(
         self,
@@ -258,8 +277,13 @@ class DockerRuntime(Runtime):
 
     def stop(self) -> None:
         if self.container is not None:
-            from docker.errors import NotFound
+            from docker.errors import APIError, NotFound
 
+            if self.spec is not None and self.spec.proxy_url is None and os.getuid() != 0:
+                # The grader ran as root: what it wrote into the bound workspace goes back to the caller.
+                with contextlib.suppress(APIError):
+                    owner = f"{os.getuid()}:{os.getgid()}"
+                    self.container.exec_run(["chown", "-R", owner, self.paths.workspace], user="root")
             with contextlib.suppress(NotFound):
                 self.container.remove(force=True)
             self.container = None

@@ -1,8 +1,10 @@
-"""Egress audit: every connection a sandboxed CLI attempts besides the proxy is refused and recorded.
+"""Egress audit: every name a sandboxed CLI looks up is refused and recorded.
 
-Inside the sandbox, DNS (127.0.0.1:53, the only nameserver in its resolv.conf) and the HTTP(S) proxy variables
-(127.0.0.1:3128) are relayed over Unix sockets to this host-side listener. A name lookup gets REFUSED and a proxy
-request gets 403, so a CLI fails fast instead of retrying, and the attempt is kept as evidence of side traffic.
+In an agent's sandbox, DNS (127.0.0.1:53, the only nameserver in its resolv.conf) is relayed over a Unix socket to
+this host-side listener. A lookup gets REFUSED, so a CLI fails fast instead of retrying, and the name is kept as
+evidence of side traffic. There are no proxy variables to name another route: the tests the agent runs see the
+environment the grader's see, and a connection to an address goes nowhere (the sandbox's network has only its
+loopback). Grading sandboxes have no audit at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pydantic import BaseModel
 
 
 class EgressAttempt(BaseModel):
-    kind: str  # "dns" | "http"
+    kind: str  # "dns" (records written before the HTTP audit went may say "http")
     target: str
     at: float
 
@@ -49,7 +51,6 @@ class EgressAudit:
     def __init__(self, run_dir: Path) -> None:
         self.attempts: list[EgressAttempt] = []
         self.dns_socket = run_dir / "egress-dns.sock"
-        self.http_socket = run_dir / "egress-http.sock"
         self._lock = threading.Lock()
         audit = self
 
@@ -59,19 +60,7 @@ class EgressAudit:
                 audit._add("dns", dns_question(packet))
                 self.request.sendall(dns_refused(packet))
 
-        class Http(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                head = b""
-                while b"\r\n\r\n" not in head and len(head) < 65536:
-                    chunk = self.request.recv(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-                line = head.split(b"\r\n", 1)[0].decode("latin-1")
-                audit._add("http", line)
-                self.request.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-
-        self._servers = [_Server(str(self.dns_socket), Dns), _Server(str(self.http_socket), Http)]
+        self._servers = [_Server(str(self.dns_socket), Dns)]
         for server in self._servers:
             threading.Thread(target=server.serve_forever, daemon=True).start()
 

@@ -1,9 +1,10 @@
 """OCI/docker images as plain root filesystems, for the bwrap runtime on machines with no docker daemon.
 
 ``image_rootfs(image)`` copies an image into an OCI layout with ``skopeo`` and unpacks it with ``umoci``, once, into
-``$POLAR_CACHE/rootfs/<digest>/rootfs`` (an OCI runtime bundle: ``config.json`` beside it holds the image's
-environment). The key is the image's content digest, so a rebuilt image gets a new rootfs and an unchanged one costs
-one lookup. The rootfs is never written after the unpack: the sandbox binds it read-only.
+``$POLAR_CACHE/rootfs/<digest>/rootfs`` (an OCI runtime bundle; ``image-config.json`` beside it is the image's own
+config: its ``Env``, not the runtime defaults umoci's ``config.json`` adds to it, such as ``TERM=xterm``). The key
+is the image's content digest, so a rebuilt image gets a new rootfs and an unchanged one costs one lookup. The
+rootfs is never written after the unpack: the sandbox binds it read-only.
 
 Where the image comes from: an explicit skopeo transport (``docker://``, ``docker-daemon:``, ``oci:DIR:tag``,
 ``oci-archive:``, ``docker-archive:``, ``dir:``, ``containers-storage:``) is used as given; a plain name is taken
@@ -28,6 +29,7 @@ from nemo_polar.sandbox.hostside import require
 
 TRANSPORTS = ("docker://", "docker-daemon:", "oci:", "oci-archive:", "docker-archive:", "dir:", "containers-storage:")
 INSTALL = "apt-get install skopeo umoci (scripts/setup_system.sh does)"
+IMAGE_CONFIG = "image-config.json"
 INSPECT_TIMEOUT = "60s"  # skopeo's own limit on a lookup (an unreachable registry would otherwise hang)
 
 
@@ -42,13 +44,14 @@ def image_rootfs(image: str, cache: Path | None = None) -> Path:
     source, key = _resolve(image)
     bundle = root / key
     rootfs = bundle / "rootfs"
-    if rootfs.is_dir():
+    if (bundle / IMAGE_CONFIG).is_file():
         return rootfs
     root.mkdir(parents=True, exist_ok=True)
     with (root / f".{key}.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process asking for the same image waits here, then finds it
-        if rootfs.is_dir():
+        if (bundle / IMAGE_CONFIG).is_file():
             return rootfs
+        shutil.rmtree(bundle, ignore_errors=True)  # unpacked before the image's own config was kept
         for stale in root.glob(f".tmp-{key}-*"):  # left by a process killed mid-unpack (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
@@ -59,6 +62,7 @@ def image_rootfs(image: str, cache: Path | None = None) -> Path:
             _run([*copy, source, f"oci:{layout}"], image, "copy")
             unpack = ["umoci", "unpack", *([] if os.geteuid() == 0 else ["--rootless"]), "--image", layout]
             _run([*unpack, str(work / "bundle")], image, "unpack")
+            (work / "bundle" / IMAGE_CONFIG).write_text(json.dumps(_image_config(work / "oci")))
             os.rename(work / "bundle", bundle)  # atomic: a rootfs under its key is always complete
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -66,12 +70,22 @@ def image_rootfs(image: str, cache: Path | None = None) -> Path:
 
 
 def image_env(rootfs: Path) -> dict[str, str]:
-    """The image's own environment (its ``ENV``s, PATH among them), from the bundle's ``config.json``; {} without."""
-    config = rootfs.parent / "config.json"
+    """The image's own environment (its ``ENV``s, PATH among them), from its config; {} without."""
     with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        pairs = json.loads(config.read_text())["process"]["env"]
+        pairs = json.loads((rootfs.parent / IMAGE_CONFIG).read_text()).get("Env") or []
         return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
     return {}
+
+
+def _image_config(layout: Path) -> dict:
+    """The ``config`` of the one image in an OCI layout (index -> manifest -> config blob)."""
+
+    def blob(digest: str) -> dict:
+        algo, _, hexdigest = digest.partition(":")
+        return json.loads((layout / "blobs" / algo / hexdigest).read_text())
+
+    [manifest] = json.loads((layout / "index.json").read_text())["manifests"]
+    return blob(blob(manifest["digest"])["config"]["digest"]).get("config") or {}
 
 
 def _resolve(image: str) -> tuple[str, str]:

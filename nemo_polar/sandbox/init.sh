@@ -1,12 +1,11 @@
 #!/bin/bash
-# Sandbox init: relays to the host over the bound Unix sockets, a fail-fast proxy check, then the command.
-# The proxy is the only route out; DNS and HTTP(S)_PROXY go to the egress audit, which refuses and records.
-# Without POLAR_PROXY_PORT (grading) there is no proxy route at all, only the audit.
+# Agent sandbox init: relays to the host over the bound Unix sockets, a fail-fast proxy check, then the command.
+# The proxy is the only route out; name lookups go to the egress audit, which refuses and records them.
+# Grading sandboxes do not run this: they run their command as the image would, with no relay and no audit.
 run=/run/polar
-port=${POLAR_PROXY_PORT:-}
-socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/egress-http.sock 2>/dev/null &
+port=${POLAR_PROXY_PORT:?init.sh is for sandboxes with a proxy}
+unset POLAR_PROXY_PORT
 socat UDP4-RECVFROM:53,bind=127.0.0.1,fork UNIX-CONNECT:$run/egress-dns.sock 2>/dev/null &
-if [ -z "$port" ]; then exec "$@"; fi
 socat TCP-LISTEN:"$port",bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$run/proxy.sock 2>/dev/null &
 for _ in $(seq 100); do
   (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break
@@ -22,5 +21,4 @@ case "$status" in
   *" 200 "*) ;;
   *) echo "polar: the model proxy is not reachable from the sandbox (got: ${status:-no answer})" >&2; exit 97 ;;
 esac
-unset POLAR_PROXY_PORT
 exec "$@"
