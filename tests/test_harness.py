@@ -349,7 +349,7 @@ def test_opencode_scripted_session(proxy: ProxyHandle, tmp_path: Path) -> None:
     assert result.status == "completed", result.error
     assert len(result.records) == 5 and all(r.complete for r in result.records)
     assert EXPECTED_PATCH in result.patch
-    assert all(re.fullmatch(r"CONNECT [\w.-]+:443 HTTP/1\.1", a.target) for a in result.egress)  # HTTPS, refused
+    assert all(a.kind == "dns" and re.fullmatch(r"[\w.-]+", a.target) for a in result.egress)  # lookups, refused
     built = prefix_merging(result.records)
     assert len(built.traces) == 1 and not built.break_reasons
 
@@ -374,7 +374,8 @@ def test_what_a_command_inside_is_given_is_on_no_command_line(runtime: str, tmp_
     its argv, which every local user can read."""
     secret = f"polar-{secrets.token_urlsafe(24)}"
     spec = make_spec(tmp_path, "http://127.0.0.1:1").model_copy(update={"proxy_url": None})
-    script = 'echo "seen:$POLAR_TEST_KEY"; while [ ! -e "$HOME/go" ]; do sleep 0.05; done'
+    # It waits in the workspace, which every runtime binds (a grading container's home is the image's own).
+    script = 'echo "seen:$POLAR_TEST_KEY"; while [ ! -e go ]; do sleep 0.05; done'
     stdout = tmp_path / "env.stdout.log"
     with get_runtime(runtime) as rt, ThreadPoolExecutor(1) as pool:
         rt.start(spec)
@@ -385,7 +386,7 @@ def test_what_a_command_inside_is_given_is_on_no_command_line(runtime: str, tmp_
                 break
             time.sleep(0.05)
         holding = process_lines_holding(secret)
-        (spec.home / "go").touch()
+        (spec.workspace / "go").touch()
         done = job.result()
     assert holding == []
     assert done.returncode == 0, done.stderr.read_text()
