@@ -1,7 +1,8 @@
 # nemo_polar — the two commands a new user runs: `make demo` and `make test`.
 # `make setup` is idempotent and cached: the project venv (.venv, with `uv`: NeMo Gym builds server venvs with it), the
 # vLLM engine venv, the offline models and the pinned coding CLIs under $(POLAR_CACHE) (default ~/.cache/nemo_polar),
-# and the sandbox tools (bwrap, socat).
+# the sandbox tools (bwrap, socat), and for the tests docker, the Gym venv and the real-project images. `make demo`
+# provisions only its own part of that (demo-setup).
 
 PYTHON ?= python3
 POLAR_CACHE ?= $(HOME)/.cache/nemo_polar
@@ -10,46 +11,52 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import engine_python; print(engine_python())')
 
-.PHONY: setup venv engine models system harnesses task-env test lint demo bench patterns clean
+.PHONY: setup demo-setup venv engine models system system-demo harnesses task-env test lint demo bench patterns clean
 
-setup: venv engine models system harnesses task-env docker gym swebench5
+# Each step prints one line (its name, what it did or "(cached)", its time); its output goes to
+# $(POLAR_CACHE)/logs/setup/<step>.log (scripts/step.sh).
+STEP := bash scripts/step.sh
+# What `make demo` uses, and no more: docker, the Gym venv and the real-project images are for the tests.
+DEMO_SETUP := venv engine models system-demo harnesses task-env
 
-venv: $(VENV)/.installed
+setup: $(DEMO_SETUP) system docker gym swebench5
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $@
+demo-setup: $(DEMO_SETUP)
+
+venv:
+	@$(STEP) venv env PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_venv.sh
 
 engine:
-	PYTHON=$(PYTHON) bash scripts/setup_engine.sh
+	@$(STEP) engine env PYTHON=$(PYTHON) bash scripts/setup_engine.sh
 
 models: venv engine
-	$(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models
+	@$(STEP) models $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models
+
+system-demo:
+	@$(STEP) system-demo bash scripts/setup_system.sh demo
 
 system:
-	bash scripts/setup_system.sh
+	@$(STEP) system bash scripts/setup_system.sh
 
 # The docker runtime (bwrap is the default): docker.io, a dockerd with no bridge and no iptables rules, and the
 # sandbox image built from a debootstrapped Debian, no registry needed. Idempotent; needs root the first time.
 .PHONY: docker
-docker:
-	bash scripts/setup_docker.sh
+docker: system
+	@$(STEP) docker bash scripts/setup_docker.sh
 
 # The SWE-bench 5 task repo of real projects' bugs (examples/tasks/swebench5): their instance images, built locally
 # from the release sdists (downloads cached under $(POLAR_CACHE)/swebench5; images skipped when up to date).
 .PHONY: swebench5
 swebench5: docker
-	bash scripts/build_swebench5_images.sh
+	@$(STEP) swebench5 bash scripts/build_swebench5_images.sh
 
 # The coding CLIs at their pinned versions, installed once into $(POLAR_CACHE)/harnesses (mounted read-only).
 harnesses: venv
-	$(BIN)/python -m nemo_polar.env.harness
+	@$(STEP) harnesses $(BIN)/python -m nemo_polar.env.harness
 
 # The Python environment the bundled SWE-style tasks are tested in (system Python 3 + pinned pytest).
 task-env:
-	bash scripts/setup_task_env.sh
+	@$(STEP) task-env bash scripts/setup_task_env.sh
 
 # NeMo Gym 0.7.0 for the Gym environment (nemo_polar/env/gym). Its metadata requires Python >=3.13.14, but the
 # pure-Python wheel imports and serves fine on 3.11, so it is fetched as for 3.13.14 and installed past the check;
@@ -57,14 +64,19 @@ task-env:
 NEMO_GYM_VERSION := 0.7.0
 .PHONY: gym
 gym: venv
+	@$(STEP) gym $(MAKE) --no-print-directory gym-install
+
+.PHONY: gym-install
+gym-install:
 	@if $(BIN)/python -c 'import sys, nemo_gym; sys.exit(nemo_gym.__version__ != "$(NEMO_GYM_VERSION)")' \
 		2>/dev/null; then \
-		echo "nemo-gym $(NEMO_GYM_VERSION) already installed"; \
+		echo "nemo-gym $(NEMO_GYM_VERSION) (cached)"; \
 	else \
 		$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.13.14 \
 			-d $(POLAR_CACHE)/wheels nemo-gym==$(NEMO_GYM_VERSION) && \
 		$(BIN)/pip install --quiet --prefer-binary --ignore-requires-python \
-			$(POLAR_CACHE)/wheels/nemo_gym-$(NEMO_GYM_VERSION)-py3-none-any.whl "scipy>=1.14.1,<1.17"; \
+			$(POLAR_CACHE)/wheels/nemo_gym-$(NEMO_GYM_VERSION)-py3-none-any.whl "scipy>=1.14.1,<1.17" && \
+		echo "nemo-gym $(NEMO_GYM_VERSION)"; \
 	fi
 
 lint: venv
@@ -80,7 +92,9 @@ test: setup lint
 test-loaded: setup lint
 	bash scripts/test_loaded.sh $(PYTEST_ARGS)
 
-demo: setup
+# The demo's steps side by side where they do not depend on each other (the engine venv beside the npm CLIs).
+demo:
+	@$(MAKE) --no-print-directory -j4 demo-setup
 	$(BIN)/python examples/demo.py
 
 bench: setup

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git, chromium (report test),
-# and for bwrap over docker images without a docker daemon: skopeo + umoci (image -> rootfs) and patchelf (the
-# host's socat and node made to run on any image's libc).
+# System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git; and, unless called with
+# `demo` (what `make demo` needs is only those), chromium (report test) and for bwrap over docker images without a
+# docker daemon: skopeo + umoci (image -> rootfs) and patchelf (the host's socat and node made to run on any image's
+# libc).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v socat >/dev/null || missing+=(socat)
 command -v git >/dev/null || missing+=(git)
-command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
-command -v skopeo >/dev/null || missing+=(skopeo)
-command -v umoci >/dev/null || missing+=(umoci)
-command -v patchelf >/dev/null || missing+=(patchelf)
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if [ "${1:-all}" != demo ]; then
+  command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
+  command -v skopeo >/dev/null || missing+=(skopeo)
+  command -v umoci >/dev/null || missing+=(umoci)
+  command -v patchelf >/dev/null || missing+=(patchelf)
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "system packages: all present (cached)"
+  exit 0
+fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "nemo_polar needs: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}" >&2
   exit 1
@@ -19,3 +25,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "system packages: installed ${missing[*]}"

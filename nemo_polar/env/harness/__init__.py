@@ -21,10 +21,20 @@ def get_harness(name: str, **options: object) -> Harness:
 
 
 def install(names: list[str] | None = None) -> None:
-    """Install the pinned CLIs into the shared prefix (``python -m nemo_polar.env.harness``)."""
-    for name in names or list(HARNESSES):
-        prefix = HARNESSES[name].install()
-        print(f"{name}: {HARNESSES[name].package}@{HARNESSES[name].version} in {prefix}")
+    """Install the pinned CLIs into the shared prefix (``python -m nemo_polar.env.harness``), side by side: each is
+    an npm install of its own (mostly downloads) into a prefix of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = [HARNESSES[name] for name in names or list(HARNESSES)]
+    cached = {h.name for h in chosen if h.installed()}
+    with ThreadPoolExecutor(max_workers=len(chosen) or 1) as pool:
+        prefixes = list(pool.map(lambda h: h.install(), chosen))
+    for harness, prefix in zip(chosen, prefixes, strict=True):
+        note = " (cached)" if harness.name in cached else ""
+        print(f"{harness.name}: {harness.package}@{harness.version} in {prefix}{note}")
+    if len(chosen) > 1:
+        new = len(chosen) - len(cached)
+        print(f"{len(chosen)} CLIs" + (f", {new} installed" if new else " (cached)"))
 
 
 __all__ = ["HARNESSES", "Endpoint", "Harness", "HarnessMissing", "Launch", "Unsupported", "get_harness", "install"]
