@@ -35,7 +35,7 @@ models: venv engine
 system-demo:
 	@$(STEP) system-demo bash scripts/setup_system.sh demo
 
-system:
+system: system-demo
 	@$(STEP) system bash scripts/setup_system.sh
 
 # The docker runtime (bwrap is the default): docker.io, a dockerd with no bridge and no iptables rules, and the
