@@ -10,6 +10,7 @@ to be exactly what it says.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -83,7 +84,8 @@ view = {
         "connect_out": attempt(lambda: connect(("10.255.255.1", 80))),
         "connect_loopback": attempt(lambda: connect(("127.0.0.1", 1))),
     },
-    "writable": {p: writable(p) for p in ("/testbed", os.path.expanduser("~"), "/tmp", "/opt", "/usr/local")},
+    "writable": {p: writable(p) for p in
+                 ("/testbed", os.path.expanduser("~"), "/tmp", "/opt", "/usr/local", "/etc", "/")},
 }
 print("TAG" + json.dumps(view, sort_keys=True))
 """.replace("TAG", TAG)
@@ -190,9 +192,12 @@ def test_only_documented_differences(views: dict[str, dict[str, Any]], runtime: 
         assert diff.pop("status.NoNewPrivs") == ("1", "0")
         # No supplementary groups (docker gives root's from the image's /etc/group).
         assert diff.pop("ids.groups") == ([], [0])
-        # The image's root filesystem is read-only but for /testbed, the home and /tmp (docker: a writable layer).
-        for path in ("/opt", "/usr/local"):
+        # New entries right in / and /etc: bwrap's own directories there hold the image's entries bound one by one.
+        for path in ("/", "/etc"):
             assert diff.pop(f"writable.{path}") == (False, True)
+        if os.geteuid() != 0:  # no overlay without root: the image's root is read-only but /testbed, home and /tmp
+            for path in ("/opt", "/usr/local"):
+                assert diff.pop(f"writable.{path}") == (False, True)
     assert diff == {}, json.dumps(diff, indent=1, default=str)
 
 

@@ -7,6 +7,7 @@ no node and not even libstdc++ (which the host's node needs), so both must come 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -157,14 +158,14 @@ def test_missing_images_and_tools_are_named(cache: Path, tmp_path: Path, monkeyp
 
 
 def test_sandbox_sees_the_image(rootfs: Path, tmp_path: Path) -> None:
-    """A grading sandbox: the image's files, ENV and tools and nothing of ours on PATH; /usr and / read-only; the
-    host workspace writable at /testbed."""
+    """A grading sandbox: the image's files, ENV and tools and nothing of ours on PATH; the image writable through
+    an overlay (root callers) that never reaches the shared rootfs; the host workspace writable at /testbed."""
     assert not Path(MARKER).exists()
     spec = make_spec(tmp_path)
     (spec.workspace / "from-host").write_text("host side\n")
     script = (
         f"cat {MARKER}; echo cwd=$PWD; cat /testbed/from-host; echo env=$POLAR_IMAGE_ENV; hello; "
-        "touch /usr/x /etc/x /x /testbed/.git/x 2>/dev/null && echo system-writable; "
+        "touch /usr/x 2>/dev/null && echo usr-writable; touch /x 2>/dev/null && echo root-writable; "
         "echo inside > /testbed/new; touch /root/ok /tmp/ok; "
         "test -e /testbed/calc.py && echo image-repo-visible; "
         f"test -e {ROOT} && echo host-visible; "
@@ -175,7 +176,8 @@ def test_sandbox_sees_the_image(rootfs: Path, tmp_path: Path) -> None:
         assert rt.paths.workspace == "/testbed"
         out = run_in(rt, spec, script, tmp_path).stdout.read_text()
     assert "first\ncwd=/testbed\nhost side\nenv=from-image\nhello from the image\n" in out
-    assert "system-writable" not in out and "host-visible" not in out
+    assert ("usr-writable" in out) == (os.geteuid() == 0) and not (rootfs / "usr" / "x").exists()
+    assert "root-writable" not in out and "host-visible" not in out
     assert "image-repo-visible" not in out  # the workspace is the host's directory, bound over the image's /testbed
     assert (spec.workspace / "new").read_text() == "inside\n" and (spec.home / "ok").exists()
     assert "socat= bash=/usr/bin/bash" in out  # the image has no socat; a grader brings none

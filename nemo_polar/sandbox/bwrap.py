@@ -6,7 +6,10 @@ image's root filesystem: a docker-free image runtime. Then the image's own bash,
 environment and /etc (docker's hosts, hostname and resolv.conf, as ``docker run`` has them), and in an agent's
 sandbox only init.sh's ``socat`` and the CLIs' ``node`` come from the host (``images.HostTools``, first on PATH).
 A grading sandbox over an image runs as a container of it would (hostside.py): the image's /root as its home (a
-writable copy), docker's default capabilities but CAP_MKNOD (no device cgroup here to make a device node harmless)."""
+writable copy), docker's default capabilities but CAP_MKNOD (no device cgroup here to make a device node harmless),
+and, where the caller is root, the whole image writable as a container's layer is: an overlay of the shared
+read-only rootfs with a fresh upper directory, mounted in a mount namespace of the sandbox's own (bubblewrap 0.8 has
+no overlay option), gone with it."""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class BwrapRuntime(Runtime):
         self.run: RunDir | None = None
         self.bwrap = "bwrap"  # found on the host's PATH at start(): the command's own environment is the sandbox's
         self.hostname = "sandbox"  # an image sandbox's is new for each start(), shaped as docker's
+        self.overlay: Path | None = None  # a grading sandbox's writable image root (root callers)
 
     @property
     def paths(self) -> SandboxPaths:
@@ -70,6 +74,10 @@ class BwrapRuntime(Runtime):
                 home = self.rootfs / HOME.lstrip("/")
                 if home.is_dir() and not any(spec.home.iterdir()):
                     shutil.copytree(home, spec.home, symlinks=True, dirs_exist_ok=True)
+                if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("mount"):
+                    self.overlay = spec.run_dir / "overlay"
+                    for part in ("upper", "work", "root"):
+                        (self.overlay / part).mkdir(parents=True, exist_ok=True)
             else:
                 self.host = host_tools()
             self.run = RunDir(spec, image_etc(self.hostname, grading))
@@ -96,7 +104,8 @@ class BwrapRuntime(Runtime):
             targets = {f"/etc/{name}" for name in etc} | {paths.workspace, paths.home} | set(spec.mounts)
             if not grading:
                 targets |= {RUN, HOST_ROOT, HOST_BIN}
-            cmd = [self.bwrap, *image_root_args(self.rootfs, targets)]
+            cmd = [*self._overlay_prefix(), self.bwrap]
+            cmd += image_root_args(self.rootfs, targets, source=self.overlay / "root" if self.overlay else None)
             cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
             for name in etc:
                 cmd += ["--ro-bind", str(spec.run_dir / "etc" / name), f"/etc/{name}"]
@@ -126,14 +135,37 @@ class BwrapRuntime(Runtime):
             cmd += ["--chdir", cwd, *init, *argv]
         return HostCommand(cmd, full_env)  # bwrap hands its own environment, exactly this, to what it runs
 
+    def _overlay_prefix(self) -> list[str]:
+        """Run bwrap in a mount namespace of its own holding the overlay it makes the sandbox's root of."""
+        if self.overlay is None or self.rootfs is None:
+            return []
+        mount = '"$1" -t overlay overlay -o "lowerdir=$2,upperdir=$3,workdir=$4" "$5" || exit 125; shift 5; exec "$@"'
+        unshare, mount_bin = shutil.which("unshare") or "unshare", shutil.which("mount") or "mount"
+        parts = [str(self.rootfs), *(str(self.overlay / p) for p in ("upper", "work", "root"))]
+        return [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            mount,
+            "overlay",
+            mount_bin,
+            *parts,
+        ]
+
     def stop(self) -> None:
         if self.run is not None:
             self.run.close()
             self.run = None
 
 
-def image_root_args(rootfs: Path, targets: set[str]) -> list[str]:
-    """bwrap arguments that make ``rootfs`` the sandbox's /, read-only, leaving room for mounts at ``targets``.
+def image_root_args(rootfs: Path, targets: set[str], source: Path | None = None) -> list[str]:
+    """bwrap arguments that make ``rootfs`` the sandbox's /, read-only, leaving room for mounts at ``targets``;
+    given ``source`` (where a writable overlay of ``rootfs`` will be mounted when bwrap starts), bound from there,
+    writable.
 
     A read-only bind of the whole rootfs at / would leave bwrap no way to create a mount point the image lacks (and
     writing one into the shared rootfs is not an option). So / is bwrap's own tmpfs, made read-only at the end
@@ -166,8 +198,10 @@ def image_root_args(rootfs: Path, targets: set[str]) -> list[str]:
                     fill(inside)
                 elif entry.is_symlink():
                     args.extend(["--symlink", os.readlink(entry.path), inside])
-                else:
+                elif source is None:
                     args.extend(["--ro-bind", entry.path, inside])
+                else:
+                    args.extend(["--bind", str(source / inside.lstrip("/")), inside])
 
     fill("/")
     return args
