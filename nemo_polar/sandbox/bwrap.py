@@ -13,9 +13,12 @@ no overlay option), gone with it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
+import subprocess
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from nemo_polar.sandbox.base import PROXY_PORT, HostCommand, Runtime, RuntimeUnavailable, SandboxPaths, SandboxSpec
@@ -74,9 +77,9 @@ class BwrapRuntime(Runtime):
                 home = self.rootfs / HOME.lstrip("/")
                 if home.is_dir() and not any(spec.home.iterdir()):
                     shutil.copytree(home, spec.home, symlinks=True, dirs_exist_ok=True)
-                if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("mount"):
+                if overlays_work():
                     self.overlay = spec.run_dir / "overlay"
-                    for part in ("upper", "work", "root"):
+                    for part in OVERLAY_DIRS:
                         (self.overlay / part).mkdir(parents=True, exist_ok=True)
             else:
                 self.host = host_tools()
@@ -139,27 +142,53 @@ class BwrapRuntime(Runtime):
         """Run bwrap in a mount namespace of its own holding the overlay it makes the sandbox's root of."""
         if self.overlay is None or self.rootfs is None:
             return []
-        mount = '"$1" -t overlay overlay -o "lowerdir=$2,upperdir=$3,workdir=$4" "$5" || exit 125; shift 5; exec "$@"'
-        unshare, mount_bin = shutil.which("unshare") or "unshare", shutil.which("mount") or "mount"
-        parts = [str(self.rootfs), *(str(self.overlay / p) for p in ("upper", "work", "root"))]
-        return [
-            unshare,
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "/bin/sh",
-            "-c",
-            mount,
-            "overlay",
-            mount_bin,
-            *parts,
-        ]
+        return overlay_command(self.rootfs, self.overlay)
 
     def stop(self) -> None:
         if self.run is not None:
             self.run.close()
             self.run = None
+
+
+OVERLAY_DIRS = ("upper", "work", "root")
+OVERLAY_MOUNT = '"$1" -t overlay overlay -o "lowerdir=$2,upperdir=$3,workdir=$4" "$5" || exit 125; shift 5; exec "$@"'
+
+
+def overlay_command(lower: Path, base: Path) -> list[str]:
+    """A command prefix: a new mount namespace with ``lower`` overlaid at ``base/root`` (changes in ``base/upper``),
+    then the rest of the command line in it."""
+    unshare, mount = shutil.which("unshare") or "unshare", shutil.which("mount") or "mount"
+    parts = [str(lower), *(str(base / part) for part in OVERLAY_DIRS)]
+    return [
+        unshare,
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        OVERLAY_MOUNT,
+        "overlay",
+        mount,
+        *parts,
+    ]
+
+
+@functools.cache
+def overlays_work() -> bool:
+    """Whether this process can mount an overlay in a mount namespace of its own: root with CAP_SYS_ADMIN and a
+    kernel with overlayfs (not, e.g., root in an unprivileged container). Tried once, on a scratch directory."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("mount")):
+        return False
+    with tempfile.TemporaryDirectory(prefix="polar-overlay-") as scratch:
+        lower, base = Path(scratch) / "lower", Path(scratch) / "overlay"
+        for path in (lower, *(base / part for part in OVERLAY_DIRS)):
+            path.mkdir(parents=True)
+        try:
+            done = subprocess.run([*overlay_command(lower, base), "true"], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
 
 
 def image_root_args(rootfs: Path, targets: set[str], source: Path | None = None) -> list[str]:
