@@ -38,7 +38,7 @@ def attempt(fn):
     except OSError as exc:
         code = exc.errno if isinstance(exc.errno, int) and exc.errno > 0 else None
         out = type(exc).__name__ + (":" + errno.errorcode[code] if code in errno.errorcode else "")
-    return {"outcome": out, "at_once": time.monotonic() - t0 < 2}
+    return {"outcome": out, "at_once": time.monotonic() - t0 < 4}  # a resolver or connect timeout waits 5 s
 
 def connect(address):
     with socket.create_connection(address, timeout=5):
