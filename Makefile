@@ -83,6 +83,13 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	@$(MAKE) --no-print-directory docs
+
+# The docs site (Sphinx + MyST, docs/), built from scratch in strict mode: a broken link, cross-reference or page
+# left out of the tree fails it (and so `make lint`). Open docs/_build/html/index.html.
+.PHONY: docs
+docs: venv
+	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
 
 test: setup lint
 	$(BIN)/pytest -q
@@ -107,14 +114,14 @@ learn: setup
 	$(BIN)/polar learn -o runs/learn
 
 # Multi-context sessions from the real CLIs (examples/tasks/patterns): every scenario in bwrap, then the scenario x CLI
-# table written into the README (polar patterns exits 1 if a scenario lost tokens, failed its audit or did not run).
+# table written into docs/harnesses.md (polar patterns exits 1 if a scenario lost tokens, failed its audit or did not run).
 PATTERNS := examples/tasks/patterns
 patterns: setup
 	rm -rf $(PATTERNS)/results
 	POLAR_PATTERNS_OUT=$(PATTERNS)/results $(BIN)/pytest -q tests/test_patterns.py
-	$(BIN)/polar patterns --tasks $(PATTERNS) --readme README.md
+	$(BIN)/polar patterns --tasks $(PATTERNS) --markdown docs/harnesses.md
 
-# The README's screenshot of `polar view` (docs/img/polar_view.png): one real Claude Code session that spawns a
+# The screenshot of `polar view` in docs/harnesses.md (docs/img/polar_view.png): one real Claude Code session that spawns a
 # subagent and auto-compacts (examples/tasks/view_demo), on a running engine serving tiny-qwen3 (`polar engine up`).
 ENGINE_URL ?= http://127.0.0.1:8011
 .PHONY: view-screenshot

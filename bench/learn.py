@@ -16,7 +16,7 @@ from bench.common import report
 from nemo_polar.learn.loop import LearnConfig
 from nemo_polar.learn.report import LearnSummary, curves_png, run_seeds
 
-CURVE = Path(__file__).resolve().parent / "learn.png"  # the README shows it
+CURVE = Path(__file__).resolve().parent / "learn.png"  # docs/learn.md shows it
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ percentiles, proxy/direct.
 
 Engine and proxy share the 2 cores here: as in ``bench.stream_ttfb``, blocks of ``--rounds`` rounds alternate (ABBA,
 ``--reps`` blocks each) between the engine at its default priority and at ``--nice`` (``polar engine up --nice``,
-the README's deployment for a CPU machine shared with the proxy); the figures are for the latter, the default's
-beside them (``*_nice0``). A first round warms both paths up.
+the deployment docs/proxy.md recommends for a CPU machine shared with the proxy); the figures are for the
+latter, the default's beside them (``*_nice0``). A first round warms both paths up.
 
     python -m bench.proxy_overhead [--sessions 64] [--rounds 3] [--reps 2] [--nice 10] [--max-tokens 32]
 """

@@ -1,8 +1,8 @@
 """``bench/results.json`` -> ``bench/report.html`` (self-contained: one plot per bench, inline PNG) and, with
-``--readme``, the README's performance table (between its ``bench:table`` markers). Every figure the README states
-comes from here, with the command that reproduces it and whether it meets its target.
+``--docs``, the performance table of ``docs/performance.md`` (between its ``bench:table`` markers). Every figure the
+docs state comes from here, with the command that reproduces it and whether it meets its target.
 
-    python -m bench.report [--results bench/results.json] [--readme]
+    python -m bench.report [--results bench/results.json] [--docs]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from nemo_polar.paths import write_between_markers
 
 HERE = Path(__file__).resolve().parent
-README = HERE.parent / "README.md"
+PAGE = HERE.parent / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:table -->", "<!-- /bench:table -->"
 
 
@@ -222,7 +222,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # |Δ| would end a Markdown table cell
 
 
-def readme_table(results: dict[str, Any]) -> str:
+def performance_table(results: dict[str, Any]) -> str:
     lines = ["| bench | what | figure (its last line) | target | met |", "|---|---|---|---|---|"]
     for _name, spec, _, line, met in rows(results):
         cells = (f"`{spec.command}`", spec.what, line, spec.target, _verdict(met))
@@ -250,9 +250,9 @@ def write_html(results: dict[str, Any], out: Path) -> None:
     out.write_text("\n".join(parts) + "\n")
 
 
-def update_readme(table: str) -> None:
+def update_page(table: str) -> None:
     try:
-        write_between_markers(README, "bench:table", table)
+        write_between_markers(PAGE, "bench:table", table)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -261,13 +261,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=HERE / "results.json")
     parser.add_argument("--html", type=Path, default=HERE / "report.html")
-    parser.add_argument("--readme", action="store_true", help="rewrite the README's performance table")
+    parser.add_argument("--docs", action="store_true", help="rewrite the performance table of docs/performance.md")
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
     write_html(results, args.html)
-    table = readme_table(results)
-    if args.readme:
-        update_readme(table)
+    table = performance_table(results)
+    if args.docs:
+        update_page(table)
     met = sum(1 for *_, ok in rows(results) if ok is True)
     print(f"{args.html}: {len(rows(results))} benches, {met} meet their targets")
 

@@ -1,5 +1,6 @@
 """``make bench``: every bench, sized to finish in about 30 minutes on 2 cores, each writing its figures into
-``bench/results.json``; then ``bench/report.html`` and the README's performance table are generated from it.
+``bench/results.json``; then ``bench/report.html`` and the performance table of docs/performance.md are generated
+from it.
 
 One engine (tiny-qwen3) is started for all benches that need one (SmolLM2 for the recompute bench); a bench that
 fails is reported and the rest still run. ``--only NAME ...`` runs a subset; results of other benches are kept.
@@ -65,7 +66,7 @@ def main() -> None:
             print(f"== {name}: exit {done.returncode} in {time.monotonic() - t0:.0f} s", flush=True)
             if done.returncode != 0:
                 failed.append(name)
-    subprocess.run([sys.executable, "-m", "bench.report", "--results", str(args.results), "--readme"], check=True)
+    subprocess.run([sys.executable, "-m", "bench.report", "--results", str(args.results), "--docs"], check=True)
     print(f"benches: {len(chosen) - len(failed)}/{len(chosen)} ran in {(time.monotonic() - t_all) / 60:.1f} min")
     if failed:
         sys.exit(f"failed: {', '.join(failed)}")

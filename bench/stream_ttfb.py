@@ -11,7 +11,7 @@ p50 and p95 ratios (targets ≤ 1.05× and ≤ 1.5×).
 Engine and proxy share the 2 cores here, and vLLM's engine core and worker keep both busy: the proxy's ~1 ms of work
 per request waits for a core. So the rounds alternate (ABBA) between the engine at its default priority and the
 engine deprioritised as ``polar engine up --nice 10`` does (``set_niceness``: its autogroup and its threads); the
-figures are for the latter, the deployment the README recommends for a CPU machine shared with the proxy, and the
+figures are for the latter, the deployment docs/proxy.md recommends for a CPU machine shared with the proxy, and the
 default's are printed beside them (``*_nice0``).
 
     python -m bench.stream_ttfb [--requests 32] [--concurrency 8] [--reps 3] [--nice 10]

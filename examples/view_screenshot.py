@@ -1,4 +1,5 @@
-"""The README's screenshot of ``polar view``: one real Claude Code session with a subagent and an auto-compaction.
+"""The screenshot of ``polar view`` in docs/harnesses.md: one real Claude Code session with a subagent and an
+auto-compaction.
 
 Runs the scripted session of ``examples/tasks/view_demo/claude_code.yaml`` (the real CLI in bubblewrap, through an
 in-process proxy on a running vLLM engine serving the tiny test model), checks that prefix merging finds what the

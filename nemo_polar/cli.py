@@ -297,8 +297,8 @@ def _patterns(args: argparse.Namespace) -> int:
     results = args.results or tasks / "results"
     try:
         table, problems = patterns_table(tasks, results)
-        if args.readme:
-            write_between_markers(args.readme, "patterns:table", table)
+        if args.markdown:
+            write_between_markers(args.markdown, "patterns:table", table)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"polar patterns: {exc}") from None
     print(table)
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="nemo_polar: RL of coding agents inside their real CLIs. Start an engine (polar engine up), "
         "then run sessions (polar rollout), datasets (polar rollout dataset=bundled n_samples=4) or SFT generation "
         "(polar generate); inspect with polar view, polar audit, polar reconstruct.",
-        epilog="Every command has its own --help. Quick start: make demo; the README has the rest.",
+        epilog="Every command has its own --help. Quick start: make demo; docs/quickstart.md has the rest.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -398,7 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pat.add_argument("--tasks", type=Path, help="the scenario files (default: examples/tasks/patterns)")
     pat.add_argument("--results", type=Path, help="the tests' summary lines (default: <tasks>/results)")
-    pat.add_argument("--readme", type=Path, help="also write the table between the README's patterns:table markers")
+    pat.add_argument(
+        "--markdown", type=Path, help="also write the table between the patterns:table markers of this page"
+    )
     pat.set_defaults(func=_patterns)
     for name, helptext in (
         ("reconstruct", "build traces from proxy records"),
@@ -429,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "--recompute-logprobs",
                 type=Path,
                 metavar="MODEL_DIR",
-                help="recompute trainable logprobs with transformers and report |delta| and KL (k3)",
+                help="recompute trainable logprobs with transformers; report the mean and max absolute "
+                "difference and KL (k3)",
             )
         cmd.set_defaults(func=_reconstruct)
 

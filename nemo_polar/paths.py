@@ -44,7 +44,7 @@ def dist_dir() -> Path:
 
 
 def write_between_markers(path: Path, marker: str, text: str) -> None:
-    """Replace what lies between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path`` (a generated README table)."""
+    """Replace what lies between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path`` (a generated docs table)."""
     begin, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
     content = path.read_text()
     if begin not in content or end not in content:

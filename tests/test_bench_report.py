@@ -1,5 +1,5 @@
-"""make bench's plumbing (no figure is measured here): every bench make bench runs has a README row spec, results
-become a table that says which targets are met, and the README's table is replaced between its markers only."""
+"""make bench's plumbing (no figure is measured here): every bench make bench runs has a row spec, results
+become a table that says which targets are met, and docs/performance.md's table is replaced between its markers only."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def test_results_become_a_table_with_verdicts(tmp_path: Path, monkeypatch: pytes
             "line": "peak 95",
         },
     }
-    table = report.readme_table(results)
+    table = report.performance_table(results)
     assert "| busy 93% | ≥ 90% engine busy pipelined | yes |" in table
     assert "| peak 95 | ≥ 256 sessions in RUN at once, all published, no lost record | **no** |" in table
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.BEGIN}\nold table\n{report.END}\nrest\n")
-    monkeypatch.setattr(report, "README", readme)
-    report.update_readme(table)
+    monkeypatch.setattr(report, "PAGE", readme)
+    report.update_page(table)
     assert readme.read_text() == f"intro\n{report.BEGIN}\n{table}\n{report.END}\nrest\n"
     out = tmp_path / "report.html"
     report.write_html(results, out)

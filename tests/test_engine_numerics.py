@@ -3,7 +3,7 @@
 A record's logprobs are what the engine returned for that request, bit for bit (test_fixture_replay.py). Re-sending
 the same prompt reproduces them bit for bit only when it is prefilled the same way: on CPUs whose matmul kernels
 depend on the batch shape (AVX-512/AMX), a long prompt prefilled cold and the same prompt served from the prefix
-cache give the same distribution only up to float error. The README states the bound asserted here.
+cache give the same distribution only up to float error. docs/proxy.md states the bound asserted here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import httpx
 
 PROMPT_TOKENS = 6_000
 TOP = 5
-# The README's bound on re-scoring the same prompt prefilled another way (nats, any top-k token's logprob).
+# The bound docs/proxy.md states on re-scoring the same prompt prefilled another way (nats, any top-k token's logprob).
 RESCORE_BOUND = 0.05
 
 
@@ -50,7 +50,7 @@ def test_long_prompt_cold_and_warm_prefill(engine_url: str) -> None:
     # Prefilled the same way (from the prefix cache both times): bit-equal, ids and logprobs.
     assert warm_again == warm
 
-    # Prefilled another way: the same distribution up to float error, within the README's bound.
+    # Prefilled another way: the same distribution up to float error, within the documented bound.
     common = cold["top"].keys() & warm["top"].keys()
     assert len(common) >= TOP - 1  # a near-tie at the k-th place may swap one token in or out of the top k
     delta = max(abs(cold["top"][t] - warm["top"][t]) for t in common)

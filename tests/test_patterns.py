@@ -194,7 +194,7 @@ def test_polar_patterns_table_and_what_it_refuses(tmp_path: Path, capsys: pytest
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- patterns:table -->\nold\n<!-- /patterns:table -->\nrest\n")
 
-    assert polar(["patterns", "--tasks", str(tasks), "--results", str(results), "--readme", str(readme)]) == 0
+    assert polar(["patterns", "--tasks", str(tasks), "--results", str(results), "--markdown", str(readme)]) == 0
     table = capsys.readouterr().out.strip()
     assert "| scenario | claude_code | pi |" in table
     assert (

@@ -357,7 +357,7 @@ def test_chain_tree_nests_chains_under_the_call_they_started_after(tmp_path: Pat
 
 @pytest.mark.engine
 def test_readme_screenshot_session_has_a_subagent_and_a_compaction(engine_url: str, tmp_path: Path) -> None:
-    """``make view-screenshot`` reproduces the README's picture: the real Claude Code session of
+    """``make view-screenshot`` reproduces the picture in docs/harnesses.md: the real Claude Code session of
     examples/tasks/view_demo has exactly the chains its file expects (a subagent and a compaction among them; the
     script exits otherwise), and the page shows each of them in the chain tree."""
     import runpy

@@ -1,6 +1,6 @@
 """One line per scenario session: what prefix merging made of it and whether anything was lost.
 
-``polar patterns`` renders these lines (written by the pattern tests) as the scenario x CLI table in the README.
+``polar patterns`` renders these lines (written by the pattern tests) as the scenario x CLI table in docs/harnesses.md.
 """
 
 from __future__ import annotations

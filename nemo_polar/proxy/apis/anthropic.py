@@ -1,6 +1,6 @@
 """Anthropic Messages: request parsing and response/SSE building.
 
-Accepted and not honoured (documented in the README): ``thinking`` (the session's template kwargs decide
+Accepted and not honoured (documented in docs/proxy.md): ``thinking`` (the session's template kwargs decide
 how the model reasons), ``context_management``, ``output_config``, ``cache_control``, ``metadata``,
 ``safeguards``, ``defer_loading``/``eager_input_streaming`` on tools, server tools without
 ``input_schema``, and image/document blocks. Claude Code's per-request ``x-anthropic-billing-header``

@@ -1,6 +1,6 @@
 """OpenAI Responses: request parsing and response/SSE building.
 
-Accepted and not honoured (documented in the README): hosted tools (``web_search``, ``file_search``,
+Accepted and not honoured (documented in docs/proxy.md): hosted tools (``web_search``, ``file_search``,
 ``image_generation``, ``tool_search``, ...), custom-tool grammars, ``reasoning.effort``/``summary``,
 ``text.verbosity``/``format``, ``include``, ``store``, ``prompt_cache_key``, ``client_metadata``,
 ``previous_response_id`` (no server-side state: every harness resends full history), and input items the
