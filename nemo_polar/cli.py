@@ -17,6 +17,7 @@ def _engine_up(args: argparse.Namespace) -> int:
         host=args.host,
         max_model_len=args.max_model_len,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         nice=args.nice,
     )
     print(up(spec, timeout=args.timeout))
@@ -356,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     eup.add_argument("--port", type=int, default=8011)
     eup.add_argument("--host", default="127.0.0.1")
     eup.add_argument("--max-model-len", type=int)
-    eup.add_argument("--tool-call-parser", default="hermes", help="hermes or qwen3_coder")
+    eup.add_argument("--tool-call-parser", help="vLLM's tool-call parser (default: the model family's, else hermes)")
+    eup.add_argument("--reasoning-parser", help="vLLM's reasoning parser (default: the model family's, if any)")
     eup.add_argument("--timeout", type=float, default=300.0)
     eup.add_argument(
         "--nice",

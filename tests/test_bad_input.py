@@ -300,3 +300,30 @@ def test_gzip_body_is_accepted(proxy: ProxyHandle) -> None:
     )
     assert resp.status_code == 200, resp.text
     assert proxy.records(session["session_id"])[0]["request"] == CHAT
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_proxy_bug_is_an_api_shaped_500_with_a_record(
+    proxy: ProxyHandle, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Whatever goes wrong inside the proxy before the engine answers is still answered in the API's error shape
+    and recorded as a failed call (not a bare 500 that resets the connection and leaves no trace)."""
+    import nemo_polar.proxy.app as app
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("planted fault")
+
+    monkeypatch.setattr(app, "plan", broken)
+    session = proxy.session()
+    resp = post(proxy, session["api_key"], path, CHAT)
+    assert resp.status_code == 500
+    body = resp.json()
+    error = body["error"]
+    assert "planted fault" in error["message"]
+    assert (
+        (body["type"] == "error" and error["type"] == "api_error")
+        if path == "/v1/messages"
+        else (error["type"] == "server_error" and error["code"] == "proxy_error")
+    )
+    [rec] = proxy.records(session["session_id"])
+    assert rec["status_code"] == 500 and not rec["complete"] and "planted fault" in rec["error"]

@@ -17,13 +17,22 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from nemo_polar.paths import cache_dir, run_dir
 
 # Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
-KNOWN_MODELS = {"tiny-qwen3": 32768, "smollm2-135m-instruct": 8192}
+KNOWN_MODELS = {"tiny-qwen3": 32768, "smollm2-135m-instruct": 8192, "tiny-qwen3_5": 32768}
+# Written beside a model family's files by the model builder: {"family", "tool_call_parser", "reasoning_parser"}.
+FAMILY_FILE = "polar-family.json"
+
+
+def model_family(path: Path) -> dict[str, Any]:
+    """What a model directory says about its family (empty for a directory without the file)."""
+    file = path / FAMILY_FILE
+    return json.loads(file.read_text()) if file.exists() else {}
 
 
 def free_port() -> int:
@@ -69,7 +78,8 @@ class EngineSpec:
     host: str = "127.0.0.1"
     max_model_len: int | None = None
     max_logprobs: int = 20
-    tool_call_parser: str = "hermes"
+    tool_call_parser: str | None = None  # None: the model family's (its polar-family.json), else hermes
+    reasoning_parser: str | None = None  # None: the model family's, if it names one
     kv_cache_gib: int = 1
     dtype: str | None = None
     weight_sync: bool = False
@@ -93,9 +103,12 @@ class EngineSpec:
             "--max-logprobs",
             str(self.max_logprobs),
             "--enable-auto-tool-choice",
-            "--tool-call-parser",
-            self.tool_call_parser,
         ]
+        family = model_family(path)
+        cmd += ["--tool-call-parser", self.tool_call_parser or family.get("tool_call_parser") or "hermes"]
+        reasoning = self.reasoning_parser or family.get("reasoning_parser")
+        if reasoning:
+            cmd += ["--reasoning-parser", reasoning]
         max_len = self.max_model_len or default_len
         if max_len:
             cmd += ["--max-model-len", str(max_len)]

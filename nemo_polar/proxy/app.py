@@ -7,6 +7,7 @@ import asyncio
 import gc
 import gzip
 import json
+import logging
 import secrets
 import time
 import zlib
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
-from nemo_polar.proxy.conversation import Conversation, ToolCall
+from nemo_polar.proxy.conversation import Conversation, SystemPlacement, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
@@ -33,7 +34,13 @@ from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import StreamEmitter, new_id
 from nemo_polar.proxy.parser import ParseEvent
 from nemo_polar.proxy.records import Api, CallRecord, Mode
-from nemo_polar.proxy.renderer import EngineRenderer, Renderer, preload_tokenizers, verified_local_renderer
+from nemo_polar.proxy.renderer import (
+    EngineRenderer,
+    Renderer,
+    preload_tokenizers,
+    probe_system_placement,
+    verified_local_renderer,
+)
 from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
 
 
@@ -72,6 +79,8 @@ class ProxyConfig(BaseModel):
     )
 
 
+log = logging.getLogger(__name__)
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -84,12 +93,20 @@ class Proxy:
         self.admission = MeteredAdmission(config.policy_version)
         self.metrics = ProxyMetrics(self.admission, self.sessions)
         self._local_probe: asyncio.Task[None] | None = None
+        self._placement: SystemPlacement | None = None
 
     def current_renderer(self) -> Renderer:
         """The engine renders until an in-process renderer has been verified against it (in the background)."""
         if self.config.render == "auto" and self._local_probe is None:
             self._local_probe = asyncio.create_task(self._probe_local())
         return self.renderer
+
+    async def system_placement(self) -> SystemPlacement:
+        """Where the engine's chat template takes system messages: probed on the first call, then kept (the
+        in-process renderer is adopted only when it renders exactly as the engine does)."""
+        if self._placement is None:
+            self._placement = await probe_system_placement(self.current_renderer())
+        return self._placement
 
     async def _probe_local(self) -> None:
         try:
@@ -200,18 +217,21 @@ class Proxy:
             if record.policy_version is None:  # a session may pin its version; otherwise the proxy's current one
                 record.policy_version = ticket.version
             t0 = time.perf_counter()
-            the_plan = await plan(self.engine, self.current_renderer(), session, conv)
+            placement = await self.system_placement()
+            the_plan = await plan(self.engine, self.current_renderer(), session, conv, placement)
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
             record.tokenize, record.template = the_plan.tokenize, the_plan.template
+            record.system_messages = the_plan.system_messages
             record.sampling = the_plan.sampling
             record.prompt_token_ids = list(the_plan.prompt_token_ids)
             record.reached("rendered")
             gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id)
             await gen.open()
             record.reached("engine_accepted")
-        except ProxyError as err:
+        except Exception as exc:  # a ProxyError, or a bug: either way an API-shaped answer and a failed record
+            err = exc if isinstance(exc, ProxyError) else _internal(exc)
             if ticket is not None:
                 ticket.release()
             await self.fail(session, record, err)
@@ -242,7 +262,8 @@ class Proxy:
             _complete(record, gen)
             await self.commit(session, record, conv, gen, echo)
             return JSONResponse(payload)
-        except ProxyError as err:
+        except Exception as exc:
+            err = exc if isinstance(exc, ProxyError) else _internal(exc)
             _capture(record, gen)
             await self.fail(session, record, err)
             return error_response(adapter.name, err)
@@ -285,9 +306,10 @@ class Proxy:
                 yield frame
         except Exception as exc:  # a bug must still end the stream visibly and be recorded
             _capture(record, gen)
-            await self.fail(session, record, ProxyError(500, f"proxy error: {exc!r}", code="proxy_error"))
+            err = _internal(exc)
+            await self.fail(session, record, err)
             settled = True
-            for frame in emitter.error(f"proxy error: {exc!r}"):
+            for frame in emitter.error(err.message):
                 yield frame
         finally:
             if not settled:  # the harness went away mid-stream (cancellation): record synchronously
@@ -321,10 +343,16 @@ class Proxy:
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
             conv = adapter.parse_count(self.parse_json(raw))
             kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
-            ids = await self.current_renderer().render(conv.template_messages(), conv.template_tools(), kwargs)
+            messages = conv.template_messages(await self.system_placement())
+            ids = await self.current_renderer().render(messages, conv.template_tools(), kwargs)
         except ProxyError as err:
             return error_response(api, err)
         return JSONResponse({"input_tokens": len(ids)})
+
+
+def _internal(exc: Exception) -> ProxyError:
+    log.exception("proxy error", exc_info=exc)
+    return ProxyError(500, f"proxy error: {exc!r}", code="proxy_error")
 
 
 def settle_heap() -> None:

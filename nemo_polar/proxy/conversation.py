@@ -85,6 +85,38 @@ def custom_tool_parameters() -> dict[str, Any]:
     }
 
 
+class SystemPlacement(BaseModel):
+    """Where the model's chat template takes system messages, probed once per engine (``probe_system_placement``).
+
+    CLIs send several: Codex its instructions and two developer messages up front, Claude Code a ``system``
+    message after the first user turn. Many templates take one, first (Qwen3.5's raises "System message must be at
+    the beginning."). For those, and only those, the leading run is joined into one system message (what Gym's
+    ``replace_developer_role_with_system`` and most serving stacks do with developer messages) and a later system
+    message becomes a user turn where it stands: its text reaches the model, and no earlier token of the
+    conversation changes, so the render stays append-only (merging it into the top would rewrite the prefix).
+    """
+
+    merge_leading: bool = False  # the template refuses a second system message before the first other turn
+    later_as_user: bool = False  # the template refuses a system message after the first other turn
+
+    def apply(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+        """The messages as this template takes them, and what was done (None: nothing)."""
+        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        notes = []
+        out = messages
+        if self.merge_leading and lead > 1:
+            joined = "\n\n".join(m["content"] for m in messages[:lead])
+            out = [{"role": "system", "content": joined}, *messages[lead:]]
+            notes.append(f"merged:{lead}")
+            lead = 1
+        if self.later_as_user:
+            later = [i for i, m in enumerate(out) if i >= lead and m["role"] == "system"]
+            if later:
+                out = [{**m, "role": "user"} if i in later else m for i, m in enumerate(out)]
+                notes.append("as_user:" + ",".join(str(i) for i in later))
+        return out, " ".join(notes) or None
+
+
 class Conversation(BaseModel):
     model: str
     messages: list[Message]
@@ -102,8 +134,13 @@ class Conversation(BaseModel):
         tool = self.tool(function)
         return tool.param_type(param) if tool else None
 
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [m.to_template() for m in self.messages]
+    def template_messages(self, placement: SystemPlacement | None = None) -> list[dict[str, Any]]:
+        return self.placed_messages(placement)[0]
+
+    def placed_messages(self, placement: SystemPlacement | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The messages the chat template renders, with system messages placed where it takes them."""
+        messages = [m.to_template() for m in self.messages]
+        return placement.apply(messages) if placement is not None else (messages, None)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.to_template() for t in self.tools] or None

@@ -53,5 +53,11 @@ def error_response(api: str, err: ProxyError) -> JSONResponse:
     return JSONResponse(error_body(api, err), status_code=err.status)
 
 
+def template_refused(exc: Exception) -> ProxyError:
+    """The model's chat template raised for this conversation (``raise_exception`` or an error while rendering): a
+    client error, as vLLM's chat endpoint answers it, naming the template's own message."""
+    return ProxyError(400, f"the model's chat template refused this conversation: {exc}", code="chat_template_error")
+
+
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
     return ProxyError(400, message, param=param, code=code)

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from nemo_polar.proxy.conversation import Conversation, ToolCall
+from nemo_polar.proxy.conversation import Conversation, SystemPlacement, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient, sse_data
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.output import Output
@@ -41,6 +41,7 @@ class Plan:
     prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
     tokenize: str | None = None  # how the render was tokenized (continuation mode): tail:<chars> or full:<why>
     template: str | None = None  # how the chat template ran (continuation mode): messages:<n> or full:<why>
+    system_messages: str | None = None  # how system messages were placed for the template (SystemPlacement)
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -54,8 +55,15 @@ def _nth_after(ids: list[int], token: int, n: int) -> int | None:
     return at + 1
 
 
-async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv: Conversation) -> Plan:
+async def plan(
+    engine: EngineClient,
+    renderer: Renderer,
+    session: Session,
+    conv: Conversation,
+    placement: SystemPlacement | None = None,
+) -> Plan:
     info = await engine.info()
+    messages, placed = conv.placed_messages(placement)
     mode = session.config.mode
     sampling = SamplingParams.resolve(conv.sampling, session.config.sampling_overrides)
     tools = conv.template_tools() if conv.tool_choice != "none" else None
@@ -67,7 +75,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         common["stream_options"] = {"include_usage": True}
 
     if mode == "continuation":
-        full = await renderer.render(conv.template_messages(), tools, kwargs, session.token_cache)
+        full = await renderer.render(messages, tools, kwargs, session.token_cache)
         tokenize, template = session.token_cache.how, session.token_cache.template_how
         prompt = full
         if parent is not None:
@@ -85,9 +93,9 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
             prompt,
             tokenize,
             template,
+            placed,
         )
 
-    messages = conv.template_messages()
     body = {
         **common,
         "messages": messages,
@@ -105,7 +113,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         # NeMo-RL's vLLM server splices these exact ids into its re-templated prompt; stock vLLM ignores them.
         prefix = parent.record.prompt_token_ids + parent.record.sampled_token_ids
         body["required_prefix_token_ids"] = prefix
-        last = max(i for i, m in enumerate(conv.messages) if m.role == "assistant")
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         messages[last]["prompt_token_ids"] = parent.record.prompt_token_ids
         messages[last]["generation_token_ids"] = parent.record.sampled_token_ids
     render_reason = f"engine_render:{reason}"
@@ -115,6 +123,7 @@ async def plan(engine: EngineClient, renderer: Renderer, session: Session, conv:
         sampling,
         parent,
         render_reason,
+        system_messages=placed,
     )
 
 

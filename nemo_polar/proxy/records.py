@@ -91,6 +91,12 @@ class CallRecord(BaseModel):
         description="continuation mode: messages:<n> (the chat template ran over the last n messages only) or "
         "full:<why>",
     )
+    system_messages: str | None = Field(
+        default=None,
+        description="where the model's template refuses system messages where the harness put them: merged:<n> "
+        "(the n leading ones joined into one) and/or as_user:<i,...> (later ones rendered as user turns in place); "
+        "None when they were rendered as sent (SystemPlacement)",
+    )
     stages: dict[str, float] = Field(
         default_factory=dict,
         description="seconds from the request's arrival to each stage the call reached (STAGES), to the millisecond",

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jinja2 import TemplateSyntaxError
+from jinja2 import TemplateError, TemplateSyntaxError
 
 from nemo_polar.proxy import fastjson
+from nemo_polar.proxy.conversation import SystemPlacement
 from nemo_polar.proxy.engine_client import EngineClient
+from nemo_polar.proxy.errors import ProxyError, template_refused
 from nemo_polar.proxy.prefix import common_prefix
 from nemo_polar.proxy.prepared import TemplateInputs, as_vllm_sees_it
 from nemo_polar.proxy.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
@@ -42,6 +44,37 @@ PROBE_MESSAGES = [
     {"role": "assistant", "content": "Two files."},
     {"role": "user", "content": "thanks"},
 ]  # fmt: skip
+
+
+# Where CLIs put system messages: a run of them up front (Codex), one after the first user turn (Claude Code).
+_LEADING_SYSTEMS = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "system", "content": "Work in the repository."},
+    {"role": "user", "content": "list the files"},
+]
+_LATER_SYSTEM = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "list the files"},
+    {"role": "assistant", "content": "Which directory?"},
+    {"role": "system", "content": "The working directory is /testbed."},
+    {"role": "user", "content": "this one"},
+]
+
+
+async def probe_system_placement(renderer: Renderer) -> SystemPlacement:
+    """Which system-message placements the template refuses (a client error on render), tried once each."""
+
+    async def refuses(messages: list[dict[str, Any]]) -> bool:
+        try:
+            await renderer.render(messages, None, {})
+        except ProxyError as err:
+            if err.status != 400:
+                raise
+            log.info("the chat template refuses %s: %s", [m["role"] for m in messages], err.message)
+            return True
+        return False
+
+    return SystemPlacement(merge_leading=await refuses(_LEADING_SYSTEMS), later_as_user=await refuses(_LATER_SYSTEM))
 
 
 class Renderer(Protocol):
@@ -162,7 +195,10 @@ class LocalRenderer:
         kwargs: dict[str, Any],
         cache: TokenCache | None = None,
     ) -> list[int]:
-        return await asyncio.to_thread(self.render_sync, messages, tools, kwargs, cache)
+        try:
+            return await asyncio.to_thread(self.render_sync, messages, tools, kwargs, cache)
+        except TemplateError as exc:
+            raise template_refused(exc) from None
 
 
 @dataclass
