@@ -10,7 +10,9 @@ work, as in a proxy serving many sessions: the same ``--evict`` MiB are copied b
 ms per call at the last calls, and the exponent of per-call time against context length (0 = flat, 1 = linear in
 the context). The last line is the incremental render's ms per call at full size.
 
-    python -m bench.render_scale [--calls 200] [--context 65536] [--evict 64]
+    python -m bench.render_scale [--calls 200] [--context 65536] [--evict 64] [--model tiny-qwen3_5]
+
+``--model`` takes any built model directory's name (a model family's stand-in renders with that family's template).
 """
 
 from __future__ import annotations
@@ -78,13 +80,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--context", type=int, default=65536)
     parser.add_argument("--evict", type=int, default=64, help="MiB copied before each timed render")
+    parser.add_argument("--model", default="tiny-qwen3", help="a model under $POLAR_CACHE/models (its template)")
     args = parser.parse_args()
     scratch, other = bytearray(args.evict << 20), bytes(args.evict << 20)
 
     def evict() -> None:
         scratch[:] = other  # no allocation: only what the caches hold changes
 
-    local = LocalRenderer(cache_dir() / "models" / "tiny-qwen3")
+    local = LocalRenderer(cache_dir() / "models" / args.model)
     full_ids: list[array] = []
     rows: list[list[float]] = []  # [context tokens, template ms, full ms, incremental ms]
     for messages in session(args.calls, args.context):  # the full way, as the proxy did before
@@ -128,10 +131,11 @@ def main() -> None:
         "exponent_full": round(exp_full, 2),
         "exponent_incremental": round(exp_inc, 2),
     }
+    which = "" if args.model == "tiny-qwen3" else f" ({args.model})"
     report(
         "render_scale",
         figures,
-        f"per-call render at {ctx / 1000:.0f}k tokens: {inc_ms:.1f} ms incremental vs {full_ms:.1f} ms full "
+        f"per-call render at {ctx / 1000:.0f}k tokens{which}: {inc_ms:.1f} ms incremental vs {full_ms:.1f} ms full "
         f"({full_ms / inc_ms:.1f}x; exponent {exp_inc:.2f} vs {exp_full:.2f})",
     )
 

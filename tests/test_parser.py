@@ -9,8 +9,10 @@ import pytest
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
 
 
-def run(text: str, step: int | None = None, types: dict[str, str] | None = None) -> list[tuple[str, str]]:
-    parser = StreamParser(param_types=lambda f, p: (types or {}).get(p))
+def run(
+    text: str, step: int | None = None, types: dict[str, str] | None = None, reasoning_open: bool = False
+) -> list[tuple[str, str]]:
+    parser = StreamParser(param_types=lambda f, p: (types or {}).get(p), reasoning_open=reasoning_open)
     events: list[ParseEvent] = []
     chunks = [text] if step is None else [text[i : i + step] for i in range(0, len(text), step)]
     for chunk in chunks:
@@ -83,3 +85,24 @@ def test_tool_call_is_released_when_its_closing_tag_arrives() -> None:
     assert parser.feed('<tool_call>\n{"name": "f", "arguments": {}}\n') == []
     events = parser.feed("</tool_call>")
     assert events and events[0].kind == "tool_call" and events[0].call.name == "f"
+
+
+@pytest.mark.parametrize("step", [None, 1, 3])
+def test_a_prompt_that_opened_reasoning_starts_the_text_inside_it(step: int | None) -> None:
+    """Qwen3.5's generation prompt ends with "<think>\n": the sample starts inside the block, and its first
+    "</think>" closes it (a later "<think>" is text, as it would be anywhere else)."""
+    sampled = (
+        "I will list the files.\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    assert run(sampled, step, reasoning_open=True) == [
+        ("reasoning", "I will list the files."),
+        ("tool_call", 'bash|{"command": "ls"}'),
+    ]
+    assert run("no close yet", step, reasoning_open=True) == [("reasoning", "no close yet")]
+    assert run("a\n</think>\n\nDone. <think>x</think>", step, reasoning_open=True) == [
+        ("reasoning", "a"),
+        ("text", "Done. <think>x</think>"),
+    ]
+    # Without the prompt's opening, the same text is plain text.
+    assert run("I will list.\n</think>\n\nok", step)[0] == ("text", "I will list.\n</think>\n\nok")

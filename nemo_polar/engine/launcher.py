@@ -108,7 +108,10 @@ class EngineSpec:
         cmd += ["--tool-call-parser", self.tool_call_parser or family.get("tool_call_parser") or "hermes"]
         reasoning = self.reasoning_parser or family.get("reasoning_parser")
         if reasoning:
-            cmd += ["--reasoning-parser", reasoning]
+            # With a reasoning parser vLLM applies structured outputs only once reasoning has ended; the scripted
+            # policy constrains a whole sample, its reasoning included (Qwen3.5's prompt opens "<think>" itself).
+            structured = json.dumps({"enable_in_reasoning": True})
+            cmd += ["--reasoning-parser", reasoning, "--structured-outputs-config", structured]
         max_len = self.max_model_len or default_len
         if max_len:
             cmd += ["--max-model-len", str(max_len)]

@@ -26,9 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
-from nemo_polar.proxy.conversation import Conversation, SystemPlacement, ToolCall
+from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
-from nemo_polar.proxy.errors import ProxyError, error_response
+from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import StreamEmitter, new_id
@@ -38,7 +38,7 @@ from nemo_polar.proxy.renderer import (
     EngineRenderer,
     Renderer,
     preload_tokenizers,
-    probe_system_placement,
+    probe_template,
     verified_local_renderer,
 )
 from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
@@ -93,7 +93,7 @@ class Proxy:
         self.admission = MeteredAdmission(config.policy_version)
         self.metrics = ProxyMetrics(self.admission, self.sessions)
         self._local_probe: asyncio.Task[None] | None = None
-        self._placement: SystemPlacement | None = None
+        self._traits: TemplateTraits | None = None
 
     def current_renderer(self) -> Renderer:
         """The engine renders until an in-process renderer has been verified against it (in the background)."""
@@ -101,12 +101,12 @@ class Proxy:
             self._local_probe = asyncio.create_task(self._probe_local())
         return self.renderer
 
-    async def system_placement(self) -> SystemPlacement:
+    async def template_traits(self) -> TemplateTraits:
         """Where the engine's chat template takes system messages: probed on the first call, then kept (the
         in-process renderer is adopted only when it renders exactly as the engine does)."""
-        if self._placement is None:
-            self._placement = await probe_system_placement(self.current_renderer())
-        return self._placement
+        if self._traits is None:
+            self._traits = await probe_template(self.current_renderer())
+        return self._traits
 
     async def _probe_local(self) -> None:
         try:
@@ -217,8 +217,10 @@ class Proxy:
             if record.policy_version is None:  # a session may pin its version; otherwise the proxy's current one
                 record.policy_version = ticket.version
             t0 = time.perf_counter()
-            placement = await self.system_placement()
-            the_plan = await plan(self.engine, self.current_renderer(), session, conv, placement)
+            traits = await self.template_traits()
+            if conv.tools and not traits.renders_tools:
+                raise tools_unsupported(info=await self.engine.info())
+            the_plan = await plan(self.engine, self.current_renderer(), session, conv, traits)
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
@@ -343,7 +345,7 @@ class Proxy:
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
             conv = adapter.parse_count(self.parse_json(raw))
             kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
-            messages = conv.template_messages(await self.system_placement())
+            messages = conv.template_messages(await self.template_traits())
             ids = await self.current_renderer().render(messages, conv.template_tools(), kwargs)
         except ProxyError as err:
             return error_response(api, err)

@@ -85,8 +85,9 @@ def custom_tool_parameters() -> dict[str, Any]:
     }
 
 
-class SystemPlacement(BaseModel):
-    """Where the model's chat template takes system messages, probed once per engine (``probe_system_placement``).
+class TemplateTraits(BaseModel):
+    """What the model's chat template takes, probed once per engine (``probe_template``): tools at all, and where
+    system messages may stand.
 
     CLIs send several: Codex its instructions and two developer messages up front, Claude Code a ``system``
     message after the first user turn. Many templates take one, first (Qwen3.5's raises "System message must be at
@@ -98,6 +99,7 @@ class SystemPlacement(BaseModel):
 
     merge_leading: bool = False  # the template refuses a second system message before the first other turn
     later_as_user: bool = False  # the template refuses a system message after the first other turn
+    renders_tools: bool = True  # False: the template renders a conversation the same with or without tools
 
     def apply(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
         """The messages as this template takes them, and what was done (None: nothing)."""
@@ -134,13 +136,13 @@ class Conversation(BaseModel):
         tool = self.tool(function)
         return tool.param_type(param) if tool else None
 
-    def template_messages(self, placement: SystemPlacement | None = None) -> list[dict[str, Any]]:
-        return self.placed_messages(placement)[0]
+    def template_messages(self, traits: TemplateTraits | None = None) -> list[dict[str, Any]]:
+        return self.placed_messages(traits)[0]
 
-    def placed_messages(self, placement: SystemPlacement | None) -> tuple[list[dict[str, Any]], str | None]:
+    def placed_messages(self, traits: TemplateTraits | None) -> tuple[list[dict[str, Any]], str | None]:
         """The messages the chat template renders, with system messages placed where it takes them."""
         messages = [m.to_template() for m in self.messages]
-        return placement.apply(messages) if placement is not None else (messages, None)
+        return traits.apply(messages) if traits is not None else (messages, None)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.to_template() for t in self.tools] or None

@@ -18,6 +18,7 @@ import aiohttp
 
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.parser import THINK_CLOSE, THINK_OPEN
 
 # Errors raised when a pooled keep-alive connection was closed by the server just before reuse.
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -29,6 +30,7 @@ class EngineInfo:
     max_model_len: int | None
     eot_id: int | None
     root: str | None = None  # the model directory the engine loaded
+    think_ids: tuple[int, int] | None = None  # <think> and </think>, where each is one token of the vocabulary
 
 
 class EngineClient:
@@ -118,11 +120,15 @@ class EngineClient:
                             card = (await resp.json())["data"][0]
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise self._unreachable(exc) from exc
-                eot = {"model": card["id"], "prompt": self.eot_token, "add_special_tokens": False}
-                ids = (await self.post_json("/tokenize", eot))["tokens"]
-                eot_id = ids[0] if len(ids) == 1 else None
-                self._info = EngineInfo(card["id"], card.get("max_model_len"), eot_id, card.get("root"))
+                eot_id = await self._single_token(card["id"], self.eot_token)
+                think = [await self._single_token(card["id"], tag) for tag in (THINK_OPEN, THINK_CLOSE)]
+                think_ids = (think[0], think[1]) if None not in think else None
+                self._info = EngineInfo(card["id"], card.get("max_model_len"), eot_id, card.get("root"), think_ids)
             return self._info
+
+    async def _single_token(self, model: str, text: str) -> int | None:
+        ids = await self.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+        return ids["tokens"][0] if len(ids["tokens"]) == 1 else None
 
     def _served_card(self) -> dict[str, Any]:
         if self.served_model is None:

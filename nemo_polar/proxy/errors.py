@@ -59,5 +59,16 @@ def template_refused(exc: Exception) -> ProxyError:
     return ProxyError(400, f"the model's chat template refused this conversation: {exc}", code="chat_template_error")
 
 
+def tools_unsupported(info: Any) -> ProxyError:
+    """The served model's template has no tools: the request's tools would never reach the model."""
+    return ProxyError(
+        400,
+        f"the chat template of {info.model!r} renders no tools, so the model would never see this request's tools; "
+        "serve a model whose template has tool support, or send the request without tools",
+        code="tools_unsupported",
+        param="tools",
+    )
+
+
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
     return ProxyError(400, message, param=param, code=code)

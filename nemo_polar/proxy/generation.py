@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from nemo_polar.proxy.conversation import Conversation, SystemPlacement, ToolCall
-from nemo_polar.proxy.engine_client import EngineClient, sse_data
+from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
+from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
@@ -41,7 +41,27 @@ class Plan:
     prompt_token_ids: list[int] = field(default_factory=list)  # known up front in continuation mode
     tokenize: str | None = None  # how the render was tokenized (continuation mode): tail:<chars> or full:<why>
     template: str | None = None  # how the chat template ran (continuation mode): messages:<n> or full:<why>
-    system_messages: str | None = None  # how system messages were placed for the template (SystemPlacement)
+    system_messages: str | None = None  # how system messages were placed for the template (TemplateTraits)
+    reasoning_open: bool = False  # the prompt ends inside a reasoning block its template opened
+
+
+def _reasoning_open(prompt: list[int], info: EngineInfo) -> bool:
+    """Whether the prompt ends inside a reasoning block: its last turn (after the last end-of-turn token) opens
+    ``<think>`` and does not close it. Read from token ids, so a "<think>" written in a message's text never counts.
+    (In chat modes the engine's reasoning parser does this.)"""
+    if info.think_ids is None or info.eot_id is None:
+        return False
+    think_open, think_close = info.think_ids
+    last_turn = prompt[_last_index(prompt, info.eot_id) + 1 :]
+    opened = _last_index(last_turn, think_open)
+    return opened >= 0 and think_close not in last_turn[opened:]
+
+
+def _last_index(ids: list[int], token: int) -> int:
+    try:
+        return len(ids) - 1 - ids[::-1].index(token)  # in C: the last turn is near the end of a long prompt
+    except ValueError:
+        return -1
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -60,10 +80,10 @@ async def plan(
     renderer: Renderer,
     session: Session,
     conv: Conversation,
-    placement: SystemPlacement | None = None,
+    traits: TemplateTraits | None = None,
 ) -> Plan:
     info = await engine.info()
-    messages, placed = conv.placed_messages(placement)
+    messages, placed = conv.placed_messages(traits)
     mode = session.config.mode
     sampling = SamplingParams.resolve(conv.sampling, session.config.sampling_overrides)
     tools = conv.template_tools() if conv.tool_choice != "none" else None
@@ -83,6 +103,7 @@ async def plan(
             if prompt is None:
                 parent, prompt = None, full
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
+        opened = _reasoning_open(prompt, info)
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
         return Plan(
             "/v1/completions",
@@ -94,6 +115,7 @@ async def plan(
             tokenize,
             template,
             placed,
+            opened,
         )
 
     body = {
@@ -187,7 +209,7 @@ class Generation:
         self.conv = conv
         self.new_call_id = new_call_id
         self.capture = Capture(prompt_token_ids=list(the_plan.prompt_token_ids))
-        self.parser = StreamParser(param_types=conv.param_type)
+        self.parser = StreamParser(param_types=conv.param_type, reasoning_open=the_plan.reasoning_open)
         self.output = Output()
         self._resp: aiohttp.ClientResponse | None = None
         self._whole: dict[str, Any] | None = None  # a non-streaming engine response

@@ -107,12 +107,19 @@ class StreamParser:
     """Feed text deltas with :meth:`feed`; call :meth:`finish` once at the end of the generation."""
 
     param_types: Callable[[str, str], str | None] = lambda _f, _p: None
+    # The prompt itself opened a reasoning block (Qwen3.5's generation prompt ends with "<think>\n"): the sampled
+    # text starts inside it, and the first "</think>" closes it.
+    reasoning_open: bool = False
     _buf: str = ""
     _state: str = "start"  # start | reasoning | text | call
     _pending_ws: str = ""  # whitespace held back in text: dropped before a tool call, kept otherwise
     _after_reasoning: bool = False
     _reasoning_started: bool = False
     _call_ws: str = ""  # whitespace dropped before the current call, restored if the call turns out malformed
+
+    def __post_init__(self) -> None:
+        if self.reasoning_open:
+            self._state = "reasoning"
 
     def feed(self, delta: str) -> list[ParseEvent]:
         self._buf += delta

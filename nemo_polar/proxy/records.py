@@ -95,7 +95,7 @@ class CallRecord(BaseModel):
         default=None,
         description="where the model's template refuses system messages where the harness put them: merged:<n> "
         "(the n leading ones joined into one) and/or as_user:<i,...> (later ones rendered as user turns in place); "
-        "None when they were rendered as sent (SystemPlacement)",
+        "None when they were rendered as sent (TemplateTraits)",
     )
     stages: dict[str, float] = Field(
         default_factory=dict,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from jinja2 import TemplateError, TemplateSyntaxError
 
 from nemo_polar.proxy import fastjson
-from nemo_polar.proxy.conversation import SystemPlacement
+from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, template_refused
 from nemo_polar.proxy.prefix import common_prefix
@@ -61,20 +61,27 @@ _LATER_SYSTEM = [
 ]
 
 
-async def probe_system_placement(renderer: Renderer) -> SystemPlacement:
-    """Which system-message placements the template refuses (a client error on render), tried once each."""
+async def probe_template(renderer: Renderer) -> TemplateTraits:
+    """Which system-message placements the template refuses (a client error on render), and whether it renders
+    tools at all (Gemma 3's has no tool support: the model would never see them), tried once each."""
 
-    async def refuses(messages: list[dict[str, Any]]) -> bool:
+    async def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int] | None:
+        """The render's ids, or None where the template refuses it (a client error)."""
         try:
-            await renderer.render(messages, None, {})
+            return await renderer.render(messages, tools, {})
         except ProxyError as err:
             if err.status != 400:
                 raise
             log.info("the chat template refuses %s: %s", [m["role"] for m in messages], err.message)
-            return True
-        return False
+            return None
 
-    return SystemPlacement(merge_leading=await refuses(_LEADING_SYSTEMS), later_as_user=await refuses(_LATER_SYSTEM))
+    chat = [{"role": "user", "content": "list the files"}]
+    with_tools = await ids(chat, PROBE_TOOLS)
+    return TemplateTraits(
+        merge_leading=await ids(_LEADING_SYSTEMS) is None,
+        later_as_user=await ids(_LATER_SYSTEM) is None,
+        renders_tools=with_tools is not None and with_tools != await ids(chat),
+    )
 
 
 class Renderer(Protocol):
