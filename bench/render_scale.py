@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.common import fit_exponent, report
 from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.prepared import as_vllm_sees_it
 from nemo_polar.proxy.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
 
 WORDS = [
@@ -91,9 +92,10 @@ def main() -> None:
     full_ids: list[array] = []
     rows: list[list[float]] = []  # [context tokens, template ms, full ms, incremental ms]
     for messages in session(args.calls, args.context):  # the full way, as the proxy did before
+        view = [as_vllm_sees_it(m) for m in messages]  # tool-call arguments as mappings, as vLLM renders them
         evict()
         t0 = time.perf_counter()
-        local.tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
+        local.tokenizer.apply_chat_template(view, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
         t1 = time.perf_counter()
         evict()
         t2 = time.perf_counter()
