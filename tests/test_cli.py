@@ -252,3 +252,12 @@ def _gone(pid: int, within_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_random_admin_tokens_can_be_passed_as_option_values() -> None:
+    """A token starting with "-" would read as an option (`--proxy-admin-token -x...`); a bare token_urlsafe starts
+    with one 1 time in 64, so among 1,000 tokens one would."""
+    from nemo_polar.proxy.app import ProxyConfig
+
+    tokens = {ProxyConfig(engine_url="http://127.0.0.1:1").admin_token for _ in range(1000)}
+    assert len(tokens) == 1000 and not any(t.startswith("-") for t in tokens)

@@ -44,6 +44,12 @@ from nemo_polar.proxy.renderer import (
 from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
 
 
+def new_admin_token() -> str:
+    """A random admin token. Prefixed, so it never starts with "-" (a bare token_urlsafe does, one time in 64, and
+    `--proxy-admin-token <token>` then reads as an unknown option)."""
+    return f"polar-admin-{secrets.token_urlsafe(24)}"
+
+
 class ProxyConfig(BaseModel):
     engine_url: str
     default_mode: Mode = "continuation"
@@ -53,7 +59,7 @@ class ProxyConfig(BaseModel):
     model_aliases: list[str] = Field(default_factory=list)
     eot_token: str = "<|im_end|>"
     admin_token: str = Field(
-        default_factory=lambda: secrets.token_urlsafe(24),
+        default_factory=new_admin_token,
         min_length=8,
         description="bearer token of the admin API; random unless given (ProxyServer.admin_token, printed by the CLI)",
     )
@@ -61,7 +67,7 @@ class ProxyConfig(BaseModel):
     @field_validator("admin_token", mode="before")
     @classmethod
     def _random_unless_given(cls, value: Any) -> Any:
-        return secrets.token_urlsafe(24) if value is None else value
+        return new_admin_token() if value is None else value
 
     policy_version: int | None = Field(default=None, description="stamped on records until a resume changes it")
     render: Literal["auto", "engine"] = Field(
