@@ -49,6 +49,8 @@ def _proxy(args: argparse.Namespace) -> int:
         "default_mode": args.mode,
         "record_dir": args.record_dir,
         "model_aliases": args.model_alias,
+        "tool_call_parser": args.tool_call_parser,
+        "reasoning_parser": args.reasoning_parser,
         "admin_token": args.admin_token or _token_file(args.admin_token_file) or os.environ.get("POLAR_ADMIN_TOKEN"),
     }
     values.update({k: v for k, v in flags.items() if v is not None})
@@ -382,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--record-dir", type=Path)
     proxy.add_argument("--model-alias", action="append", help="extra model name to accept (repeatable)")
     proxy.add_argument("--api-key", help="pre-create one session with this API key")
+    proxy.add_argument(
+        "--tool-call-parser",
+        help="vLLM's name for the model's tool-call format, as given to the engine (default: the model directory's "
+        "polar-family.json, else hermes/qwen3_coder, read in process); other formats are read by vLLM's own parsers",
+    )
+    proxy.add_argument("--reasoning-parser", help="likewise, vLLM's reasoning parser")
     proxy.add_argument(
         "--admin-token",
         help="bearer token of the admin API (default: --admin-token-file, else $POLAR_ADMIN_TOKEN, else a random "

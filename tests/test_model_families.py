@@ -8,8 +8,11 @@ provider-shaped 400 with a failed record, on a connection that keeps working."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +29,73 @@ from tests.test_fixture_replay import _send, assert_engine_sampled
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 12
-FAMILY_MODEL = "tiny-qwen3_5"  # Qwen3.5-4B's tokenizer and template: the paper's model
+QWEN3_5 = "tiny-qwen3_5"  # Qwen3.5-4B's tokenizer and template: the paper's model
 API = {"chat-completions": "chat", "responses": "responses", "anthropic-messages": "anthropic"}
+# What each family's own template takes, as the proxy's probe must find it: Qwen3.5's refuses a second or a later
+# system message, gpt-oss's renders only the first, Gemma 3's refuses both and renders no tools.
+TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests after them
+    QWEN3_5: TemplateTraits(merge_leading=True, later_as_user=True),
+    "tiny-gpt_oss": TemplateTraits(merge_leading=True, later_as_user=True),
+    "tiny-glm": TemplateTraits(),
+    "tiny-gemma": TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False),
+    "tiny-llama3": TemplateTraits(),
+}
+PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its polar-family.json names them
+    QWEN3_5: ("qwen3_coder", "qwen3"),
+    "tiny-llama3": ("llama3_json", None),
+    "tiny-gpt_oss": ("openai", "openai_gptoss"),
+    "tiny-glm": ("glm47", "glm45"),
+    "tiny-gemma": (None, None),
+}
+
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+LIST_FILES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "list the files"}]
+
+
+@dataclass
+class Served:
+    model: str
+    engine: str  # the engine's URL
+    proxy: ProxyHandle
+
+
+class OneFamilyAtATime:
+    """The family engines, one at a time: asking for another model stops the running one and its proxy (an engine
+    takes a minute to start and about 1 GB). The tests ask in order, so each family's engine starts once."""
+
+    def __init__(self, tmp: pytest.TempPathFactory) -> None:
+        self.tmp = tmp
+        self.stack = contextlib.ExitStack()
+        self.current: Served | None = None
+
+    def __call__(self, model: str) -> Served:
+        if self.current is None or self.current.model != model:
+            self.stack.close()
+            engine = self.stack.enter_context(contextlib.contextmanager(_start_engine)(model))
+            records = self.tmp.mktemp(f"records-{model}")
+            handle = self.stack.enter_context(contextlib.contextmanager(make_proxy)(engine, records))
+            handle.wait_for_local_renderer()
+            self.current = Served(model, engine, handle)
+        return self.current
 
 
 @pytest.fixture(scope="module")
-def family_engine() -> Iterator[str]:
-    yield from _start_engine(FAMILY_MODEL)
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneFamilyAtATime]:
+    served = OneFamilyAtATime(tmp_path_factory)
+    with served.stack:
+        yield served
 
 
-@pytest.fixture(scope="module")
-def family_proxy(family_engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyHandle]:
-    for handle in make_proxy(family_engine, tmp_path_factory.mktemp("family-records")):
-        handle.wait_for_local_renderer()
-        yield handle
+@pytest.fixture
+def qwen3_5(serve: OneFamilyAtATime) -> ProxyHandle:
+    return serve(QWEN3_5).proxy
 
 
 def _engine_render(engine_url: str, fixture: dict[str, Any], traits: TemplateTraits) -> list[int]:
@@ -57,46 +113,36 @@ def _engine_render(engine_url: str, fixture: dict[str, Any], traits: TemplateTra
     return asyncio.run(render())
 
 
-def test_the_family_template_is_probed_for_what_it_takes(family_proxy: ProxyHandle, proxy: ProxyHandle) -> None:
-    # Qwen3.5's template raises "System message must be at the beginning." for both shapes; ChatML takes both.
-    assert family_proxy.apps.proxy._traits == TemplateTraits(merge_leading=True, later_as_user=True)
-    assert proxy.apps.proxy._traits == TemplateTraits()
+def test_the_project_template_takes_every_system_message(proxy: ProxyHandle) -> None:
+    assert _probed(proxy) == TemplateTraits()
 
 
-@pytest.mark.parametrize(("harness", "name"), all_fixtures())
-def test_every_cli_request_replays_on_the_family_model(
-    family_proxy: ProxyHandle, family_engine: str, harness: str, name: str
-) -> None:
-    fixture = load_fixture(harness, name)
-    overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-    _send(family_proxy, family_proxy.session(sampling_overrides=overrides)["api_key"], fixture, True)  # prefix cache
-    session = family_proxy.session(sampling_overrides=overrides)
-    _send(family_proxy, session["api_key"], fixture, True)
-
-    [rec] = family_proxy.records(session["session_id"])
-    assert rec["complete"] and rec["error"] is None and rec["mode"] == "continuation"
-    assert rec["tokenize"] == "full:first"  # rendered in-process, not by the engine's /tokenize
-    assert rec["sampling"]["max_tokens"] == MAX_TOKENS
-    assert 0 < len(rec["sampled_token_ids"]) == len(rec["sampled_logprobs"]) <= MAX_TOKENS
-    # Codex sends two developer messages up front, Claude Code a system message after the first user turn.
-    expected = {"codex": "merged:", "claude-code": "as_user:"}.get(harness)
-    assert (rec["system_messages"] or "").startswith(expected) if expected else rec["system_messages"] is None
-
-    traits = family_proxy.apps.proxy._traits
-    assert traits is not None
-    assert rec["prompt_token_ids"] == _engine_render(family_engine, fixture, traits)
-
-    assert_engine_sampled(family_engine, FAMILY_MODEL, rec)
+def _probed(handle: ProxyHandle) -> TemplateTraits | None:
+    """What the proxy's probe found (it runs on the first request)."""
+    session = handle.session(sampling_overrides={"max_tokens": 1})
+    chat = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(
+        f"{handle.url}/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {session['api_key']}"}
+    ).raise_for_status()
+    return handle.apps.proxy._traits
 
 
-def test_a_conversation_the_template_refuses_is_a_400_with_a_record(family_proxy: ProxyHandle) -> None:
+PATHS = {"chat-completions": "/v1/chat/completions", "responses": "/v1/responses", "anthropic-messages": "/v1/messages"}
+
+
+def _post(handle: ProxyHandle, api_key: str, fixture: dict[str, Any]) -> httpx.Response:
+    headers = {"authorization": f"Bearer {api_key}", "x-api-key": api_key}
+    return httpx.post(f"{handle.url}{PATHS[fixture['api']]}", json=fixture["body"], headers=headers, timeout=120)
+
+
+def test_a_conversation_the_template_refuses_is_a_400_with_a_record(qwen3_5: ProxyHandle) -> None:
     """Qwen3.5's template raises without a user query: a provider-shaped 400 naming the template's message, a failed
     record, and the same keep-alive connection serves the next request."""
-    session = family_proxy.session(sampling_overrides={"max_tokens": 2})
+    session = qwen3_5.session(sampling_overrides={"max_tokens": 2})
     headers = {"authorization": f"Bearer {session['api_key']}"}
     refused = {"model": "local-model", "messages": [{"role": "system", "content": "You are a coding agent."}]}
     fine = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
-    with httpx.Client(base_url=family_proxy.url, headers=headers, timeout=60) as client:
+    with httpx.Client(base_url=qwen3_5.url, headers=headers, timeout=60) as client:
         first = client.post("/v1/chat/completions", json=refused)
         assert first.status_code == 400
         error = first.json()["error"]
@@ -111,7 +157,7 @@ def test_a_conversation_the_template_refuses_is_a_400_with_a_record(family_proxy
         assert "No user query found" in anthropic.json()["error"]["message"]
         assert client.post("/v1/chat/completions", json=fine).status_code == 200
 
-    records = family_proxy.records(session["session_id"])
+    records = qwen3_5.records(session["session_id"])
     assert [r["status_code"] for r in records] == [400, 400, 200]
     assert not records[0]["complete"] and "No user query found" in records[0]["error"]
     assert records[0]["request"] == refused
@@ -142,21 +188,33 @@ def test_system_placement_keeps_the_render_append_only() -> None:
     assert TemplateTraits(later_as_user=True).apply(msgs[1:])[1] == "as_user:2"
 
 
-def test_the_family_directory_names_its_parsers() -> None:
+@pytest.mark.parametrize("model", list(PARSERS))
+def test_the_family_directory_names_its_parsers(model: str) -> None:
     from nemo_polar.engine.launcher import EngineSpec, model_family, resolve_model
 
-    path, name, max_len = resolve_model(FAMILY_MODEL)
-    assert model_family(path)["family"] == "qwen3_5" and (name, max_len) == (FAMILY_MODEL, 32768)
-    cmd, _ = EngineSpec(model=FAMILY_MODEL).command()
-    assert cmd[cmd.index("--tool-call-parser") + 1] == "qwen3_coder"
-    assert cmd[cmd.index("--reasoning-parser") + 1] == "qwen3"
-    assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == {"enable_in_reasoning": True}
+    path, name, max_len = resolve_model(model)
+    assert model_family(path)["family"] == model.removeprefix("tiny-") and (name, max_len) == (model, 32768)
+    cmd, _ = EngineSpec(model=model).command()
+    tool, reasoning = PARSERS[model]
+    assert (cmd[cmd.index("--tool-call-parser") + 1] if tool else "--tool-call-parser" not in cmd) == (tool or True)
+    assert ("--enable-auto-tool-choice" in cmd) == bool(tool)
+    assert (cmd[cmd.index("--reasoning-parser") + 1] if reasoning else "--reasoning-parser" not in cmd) == (
+        reasoning or True
+    )
+    if reasoning:
+        assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == {"enable_in_reasoning": True}
+
+
+def test_the_project_models_keep_hermes() -> None:
+    from nemo_polar.engine.launcher import EngineSpec
+
+    cmd, _ = EngineSpec(model=QWEN3_5).command()
     assert Path(cmd[cmd.index("--chat-template") + 1]).read_text().count("System message must be at the beginning.")
     cmd, _ = EngineSpec(model="tiny-qwen3").command()
     assert cmd[cmd.index("--tool-call-parser") + 1] == "hermes" and "--reasoning-parser" not in cmd
 
 
-def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(family_proxy: ProxyHandle) -> None:
+def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(qwen3_5: ProxyHandle) -> None:
     """Qwen3.5's generation prompt opens "<think>": the sample's reasoning until "</think>" is returned as reasoning,
     its qwen3_coder call as a tool call with typed arguments, and the echoed turn (reasoning, call) is restored to
     the exact sampled ids, so the next call continues it token for token."""
@@ -167,22 +225,10 @@ def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(family_pr
         "</function>\n</tool_call>"
     )
     second = "Seen them.\n</think>\n\nTwo files."
-    session = family_proxy.session(script=[first, second], sampling_overrides={"max_tokens": 64})
-    client = openai.OpenAI(base_url=f"{family_proxy.url}/v1", api_key=session["api_key"], max_retries=0)
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "bash",
-                "description": "Run a command.",
-                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-            },
-        }
-    ]
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "list the files"},
-    ]
+    session = qwen3_5.session(script=[first, second], sampling_overrides={"max_tokens": 64})
+    client = openai.OpenAI(base_url=f"{qwen3_5.url}/v1", api_key=session["api_key"], max_retries=0)
+    tools = [BASH]
+    messages: list[dict[str, Any]] = [*LIST_FILES]
     r1 = client.chat.completions.create(model="local-model", messages=messages, tools=tools)  # type: ignore[arg-type]
     msg = r1.choices[0].message
     assert msg.model_extra is not None and msg.model_extra["reasoning_content"] == "I will list the files."
@@ -197,7 +243,7 @@ def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(family_pr
     r2 = client.chat.completions.create(model="local-model", messages=messages, tools=tools)  # type: ignore[arg-type]
     assert r2.choices[0].message.content == "Two files."
 
-    rec1, rec2 = family_proxy.records(session["session_id"])
+    rec1, rec2 = qwen3_5.records(session["session_id"])
     assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
     parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
     assert rec2["prompt_token_ids"][: len(parent)] == parent
@@ -211,14 +257,23 @@ ONE_SYSTEM_NO_TOOLS = (
     "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
 )
 
+# A template that renders the first system message and silently skips any other (as gpt-oss's does).
+FIRST_SYSTEM_ONLY = (
+    "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
+    "{%- if tools -%}{{ tools | tojson }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
 
 @pytest.mark.parametrize(
     ("template", "traits"),
     [
         (ONE_SYSTEM_NO_TOOLS, TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False)),
+        (FIRST_SYSTEM_ONLY, TemplateTraits(merge_leading=True, later_as_user=True)),
         (None, TemplateTraits()),  # the project's ChatML+tools template, as tiny-qwen3 ships it
     ],
-    ids=["one_system_no_tools", "chatml_tools"],
+    ids=["one_system_no_tools", "first_system_only", "chatml_tools"],
 )
 def test_the_probe_reads_what_a_template_takes(tmp_path: Path, template: str | None, traits: TemplateTraits) -> None:
     import shutil
@@ -251,3 +306,118 @@ def test_a_tools_request_to_a_template_without_tools_is_refused(engine_url: str,
             assert client.post("/v1/chat/completions", json=chat).status_code == 200
         records = handle.records(session["session_id"])
         assert [r["status_code"] for r in records] == [400, 200] and "renders no tools" in records[0]["error"]
+
+
+@pytest.mark.parametrize(("family", "harness", "name"), [(f, h, n) for f in TRAITS for h, n in all_fixtures()])
+def test_every_cli_request_replays_on_the_family_model(
+    serve: OneFamilyAtATime, family: str, harness: str, name: str
+) -> None:
+    """Accepted (Gemma 3's template has no tools: refused), the system messages placed where the template takes them
+    as the proxy's probe found, the proxy's render equal to the engine's, ids and logprobs the engine's."""
+    served = serve(family)
+    family_proxy, family_engine = served.proxy, served.engine
+    fixture = load_fixture(harness, name)
+    overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+    traits = TRAITS[family]
+    assert _probed(family_proxy) == traits
+    conv = get_adapter(API[fixture["api"]]).parse(fixture["body"])
+    if conv.tools and not traits.renders_tools:  # Gemma 3: the model would never see the tools
+        session = family_proxy.session(sampling_overrides=overrides)
+        response = _post(family_proxy, session["api_key"], fixture)
+        assert response.status_code == 400 and "renders no tools" in response.text
+        [rec] = family_proxy.records(session["session_id"])
+        assert not rec["complete"] and "renders no tools" in rec["error"]
+        return
+    for attempt in range(2):  # gpt-oss's template prints today's date: a render straddling midnight is redone
+        day = time.strftime("%Y-%m-%d")
+        _send(family_proxy, family_proxy.session(sampling_overrides=overrides)["api_key"], fixture, True)
+        session = family_proxy.session(sampling_overrides=overrides)
+        _send(family_proxy, session["api_key"], fixture, True)
+        [rec] = family_proxy.records(session["session_id"])
+        engine_render = _engine_render(family_engine, fixture, traits)
+        if rec["prompt_token_ids"] == engine_render or day == time.strftime("%Y-%m-%d") or attempt:
+            break
+
+    assert rec["complete"] and rec["error"] is None and rec["mode"] == "continuation"
+    assert rec["tokenize"] == "full:first"  # rendered in-process, not by the engine's /tokenize
+    assert rec["sampling"]["max_tokens"] == MAX_TOKENS
+    assert 0 < len(rec["sampled_token_ids"]) == len(rec["sampled_logprobs"]) <= MAX_TOKENS
+    # Codex sends two developer messages up front, Claude Code a system message after the first user turn: placed
+    # where the template takes them, only for a template that would refuse or drop them.
+    expected = {
+        "codex": "merged:" if traits.merge_leading else None,
+        "claude-code": "as_user:" if traits.later_as_user else None,
+    }.get(harness)
+    assert expected in (rec["system_messages"] or "") if expected else rec["system_messages"] is None
+    assert rec["prompt_token_ids"] == engine_render
+    assert_engine_sampled(family_engine, family, rec)
+
+
+class EngineOnTransformers:
+    """Stand-in for an engine's render, labelled so: the engine's ``/tokenize`` is a local render with or without
+    reasoning aliasing, the one difference between transformers releases this checks (a real engine on an older
+    transformers is what tiny-gpt_oss's replay above meets)."""
+
+    def __init__(self, root: Path, alias: bool) -> None:
+        from nemo_polar.proxy.renderer import LocalRenderer
+
+        self.root, self.render = root, LocalRenderer(root)
+        self.render.inputs.alias_reasoning = alias
+
+    async def model_root(self) -> str:
+        return str(self.root)
+
+    async def tokenize_chat(self, messages: Any, tools: Any, kwargs: Any) -> list[int]:
+        return await self.render.render(messages, tools, kwargs)
+
+
+@pytest.mark.parametrize("alias", [True, False])
+def test_the_local_renderer_follows_the_engines_reasoning_fields(alias: bool) -> None:
+    """gpt-oss's template reads only ``thinking``: whether the engine's transformers copies ``reasoning_content``
+    into it decides whether the analysis before a tool call is in the prompt. The proxy's renderer, checked on a
+    mid-turn probe, follows the engine either way."""
+    from nemo_polar.paths import cache_dir
+    from nemo_polar.proxy.renderer import PROBE_MESSAGES, PROBE_TOOLS, verified_local_renderer
+
+    engine = EngineOnTransformers(cache_dir() / "models" / "tiny-gpt_oss", alias)
+    local = asyncio.run(verified_local_renderer(engine))  # type: ignore[arg-type]
+    assert local is not None and local.inputs.alias_reasoning is alias
+    midturn = asyncio.run(local.render(PROBE_MESSAGES[:4], PROBE_TOOLS, {}))
+    analysis = local.tokenizer.encode("<|channel|>analysis<|message|>Let me look.", add_special_tokens=False)
+    assert any(midturn[i : i + len(analysis)] == analysis for i in range(len(midturn))) is alias
+
+
+def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFamilyAtATime) -> None:
+    """Llama 3's tool calls are bare JSON, read by vLLM's own ``llama3_json`` parser (the worker in the engine's
+    environment): the scripted sample comes back as a tool call, and the next call continues the exact sampled ids
+    across Llama 3's end-of-turn token (named by its polar-family.json)."""
+    import openai
+
+    proxy = serve("tiny-llama3").proxy
+    first = '{"name": "bash", "parameters": {"command": "ls"}}'
+    session = proxy.session(script=[first, "Two files."], sampling_overrides={"max_tokens": 64})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    tools = [BASH]
+    messages: list[dict[str, Any]] = [*LIST_FILES]
+    with client.chat.completions.stream(model="local-model", messages=messages, tools=tools) as streamed:  # type: ignore[arg-type]
+        for _ in streamed:
+            pass
+        r1 = streamed.get_final_completion()
+    msg = r1.choices[0].message
+    assert msg.content in (None, "") and msg.tool_calls is not None, msg
+    [call] = msg.tool_calls
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls"}
+    assert r1.choices[0].finish_reason == "tool_calls"
+
+    messages += [
+        msg.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "README.md\nhello.py"},
+    ]
+    r2 = client.chat.completions.create(model="local-model", messages=messages, tools=tools)  # type: ignore[arg-type]
+    assert r2.choices[0].message.content == "Two files." and not r2.choices[0].message.tool_calls
+
+    rec1, rec2 = proxy.records(session["session_id"])
+    assert rec1["sampled_token_ids"][-1] in (128008, 128009)  # <|eom_id|> or <|eot_id|>: generation_config's stops
+    assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
+    parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
+    assert rec2["prompt_token_ids"][: len(parent)] == parent

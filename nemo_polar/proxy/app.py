@@ -4,6 +4,7 @@ sandboxed agents) reach, and the admin API for sessions, records, weight sync an
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import gzip
 import json
@@ -11,7 +12,7 @@ import logging
 import secrets
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
+from nemo_polar.proxy.family_parser import FamilyStream, ParserWorker, family_format
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import StreamEmitter, new_id
@@ -57,7 +59,11 @@ class ProxyConfig(BaseModel):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     keepalive_s: float = Field(default=5.0, gt=0, description="SSE keep-alive interval while the engine is silent")
     model_aliases: list[str] = Field(default_factory=list)
-    eot_token: str = "<|im_end|>"
+    eot_token: str | None = Field(
+        default=None,
+        description="the token that ends a turn; None: the one the model directory's polar-family.json names, "
+        "else <|im_end|>",
+    )
     admin_token: str = Field(
         default_factory=new_admin_token,
         min_length=8,
@@ -69,6 +75,12 @@ class ProxyConfig(BaseModel):
     def _random_unless_given(cls, value: Any) -> Any:
         return new_admin_token() if value is None else value
 
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM's name for the model's tool-call format; None: the one the model directory's "
+        "polar-family.json names, else hermes/qwen3_coder (read in process)",
+    )
+    reasoning_parser: str | None = Field(default=None, description="likewise for reasoning")
     policy_version: int | None = Field(default=None, description="stamped on records until a resume changes it")
     render: Literal["auto", "engine"] = Field(
         default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
@@ -100,6 +112,7 @@ class Proxy:
         self.metrics = ProxyMetrics(self.admission, self.sessions)
         self._local_probe: asyncio.Task[None] | None = None
         self._traits: TemplateTraits | None = None
+        self.parser_worker = ParserWorker()  # vLLM's own parsers, for formats not read in process; started on use
 
     def current_renderer(self) -> Renderer:
         """The engine renders until an in-process renderer has been verified against it (in the background)."""
@@ -113,6 +126,17 @@ class Proxy:
         if self._traits is None:
             self._traits = await probe_template(self.current_renderer())
         return self._traits
+
+    async def family_stream(self, session: Session, conv: Conversation) -> Callable[[list[int]], FamilyStream] | None:
+        """How a continuation's sample is parsed when vLLM's own parsers read the model's format (None: in process)."""
+        if session.config.mode != "continuation":
+            return None  # the engine's chat endpoint parses
+        fmt = family_format(await self.engine.info(), self.config.tool_call_parser, self.config.reasoning_parser)
+        if fmt is None:
+            return None
+        tools = conv.template_tools() if conv.tool_choice != "none" else None
+        kwargs = session.config.chat_template_kwargs or None
+        return functools.partial(self.parser_worker.stream, fmt, tools, chat_template_kwargs=kwargs)
 
     async def _probe_local(self) -> None:
         try:
@@ -235,7 +259,8 @@ class Proxy:
             record.sampling = the_plan.sampling
             record.prompt_token_ids = list(the_plan.prompt_token_ids)
             record.reached("rendered")
-            gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id)
+            family = await self.family_stream(session, conv)
+            gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id, family)
             await gen.open()
             record.reached("engine_accepted")
         except Exception as exc:  # a ProxyError, or a bug: either way an API-shaped answer and a failed record
@@ -505,6 +530,7 @@ def _admin_app(proxy: Proxy) -> FastAPI:
         yield
         watch.cancel()
         await proxy.engine.aclose()
+        await asyncio.to_thread(proxy.parser_worker.close)
 
     def admin(request: Request) -> None:
         if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {config.admin_token}"):

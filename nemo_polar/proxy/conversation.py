@@ -90,15 +90,16 @@ class TemplateTraits(BaseModel):
     system messages may stand.
 
     CLIs send several: Codex its instructions and two developer messages up front, Claude Code a ``system``
-    message after the first user turn. Many templates take one, first (Qwen3.5's raises "System message must be at
-    the beginning."). For those, and only those, the leading run is joined into one system message (what Gym's
+    message after the first user turn. Many templates take one, first: Qwen3.5's raises "System message must be at
+    the beginning.", gpt-oss's silently renders only the first. For those, and only those
+    (refused or dropped, as probed), the leading run is joined into one system message (what Gym's
     ``replace_developer_role_with_system`` and most serving stacks do with developer messages) and a later system
     message becomes a user turn where it stands: its text reaches the model, and no earlier token of the
     conversation changes, so the render stays append-only (merging it into the top would rewrite the prefix).
     """
 
-    merge_leading: bool = False  # the template refuses a second system message before the first other turn
-    later_as_user: bool = False  # the template refuses a system message after the first other turn
+    merge_leading: bool = False  # the template refuses or drops a second system message before any other turn
+    later_as_user: bool = False  # the template refuses or drops a system message after the first other turn
     renders_tools: bool = True  # False: the template renders a conversation the same with or without tools
 
     def apply(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from nemo_polar.engine.launcher import model_family
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import THINK_CLOSE, THINK_OPEN
@@ -31,6 +33,8 @@ class EngineInfo:
     eot_id: int | None
     root: str | None = None  # the model directory the engine loaded
     think_ids: tuple[int, int] | None = None  # <think> and </think>, where each is one token of the vocabulary
+    eot_text: str = "<|im_end|>"  # the end-of-turn token's text (eot_id is its id, where it is one token)
+    family: dict[str, Any] = field(default_factory=dict)  # the model directory's polar-family.json, if it is local
 
 
 class EngineClient:
@@ -38,7 +42,7 @@ class EngineClient:
         self,
         base_url: str,
         *,
-        eot_token: str = "<|im_end|>",
+        eot_token: str | None = None,
         max_connections: int = 1024,
         served_model: str | None = None,
     ) -> None:
@@ -120,10 +124,16 @@ class EngineClient:
                             card = (await resp.json())["data"][0]
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise self._unreachable(exc) from exc
-                eot_id = await self._single_token(card["id"], self.eot_token)
+                root = card.get("root")
+                family = model_family(Path(root)) if root and Path(root).is_dir() else {}
+                # Given, else the family's (None: it has no such token), else ChatML's.
+                eot_text = self.eot_token or family.get("end_of_turn", "<|im_end|>")
+                eot_id = await self._single_token(card["id"], eot_text) if eot_text else None
                 think = [await self._single_token(card["id"], tag) for tag in (THINK_OPEN, THINK_CLOSE)]
                 think_ids = (think[0], think[1]) if None not in think else None
-                self._info = EngineInfo(card["id"], card.get("max_model_len"), eot_id, card.get("root"), think_ids)
+                self._info = EngineInfo(
+                    card["id"], card.get("max_model_len"), eot_id, root, think_ids, eot_text or "", family
+                )
             return self._info
 
     async def _single_token(self, model: str, text: str) -> int | None:

@@ -22,6 +22,7 @@ import aiohttp
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.family_parser import FamilyStream
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.renderer import Renderer
@@ -99,7 +100,7 @@ async def plan(
         tokenize, template = session.token_cache.how, session.token_cache.template_how
         prompt = full
         if parent is not None:
-            prompt, reason = _continue(parent, full, info.eot_id, engine.eot_token)
+            prompt, reason = _continue(parent, full, info.eot_id, info.eot_text)
             if prompt is None:
                 parent, prompt = None, full
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
@@ -202,7 +203,12 @@ class Generation:
     """One streamed engine call: yields parse events (and keep-alive markers) while capturing ids."""
 
     def __init__(
-        self, engine: EngineClient, the_plan: Plan, conv: Conversation, new_call_id: Callable[[], str]
+        self,
+        engine: EngineClient,
+        the_plan: Plan,
+        conv: Conversation,
+        new_call_id: Callable[[], str],
+        family_stream: Callable[[list[int]], FamilyStream] | None = None,
     ) -> None:
         self.engine = engine
         self.plan = the_plan
@@ -214,8 +220,15 @@ class Generation:
         self._resp: aiohttp.ClientResponse | None = None
         self._whole: dict[str, Any] | None = None  # a non-streaming engine response
         self._chat_calls: dict[int, dict[str, str]] = {}
+        # A family format read by vLLM's own parsers (from text and token ids) instead of the in-process parser.
+        self._family_stream = family_stream
+        self.family: FamilyStream | None = None
+        self._family_done = False
 
     async def open(self) -> None:
+        if self._family_stream is not None:  # the worker may start (seconds): off the event loop
+            self.family = await asyncio.to_thread(self._family_stream, list(self.plan.prompt_token_ids))
+            self.plan.body["skip_special_tokens"] = self.family.skip_special_tokens
         if self.plan.body.get("stream"):
             self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
         else:
@@ -287,6 +300,13 @@ class Generation:
             cap.sampled_logprobs.extend(_logprobs(choice.get("logprobs")))
             if choice.get("finish_reason"):
                 cap.finish_reason = choice["finish_reason"]
+            if "text" in choice and self.family is not None:  # completions, read by vLLM's parsers
+                text = choice.get("text") or ""
+                ids, self._family_done = choice.get("token_ids") or [], bool(choice.get("finish_reason"))
+                cap.text += text
+                if text or ids or self._family_done:
+                    events.extend(self._parsed(self.family.feed(text, ids, self._family_done)))
+                continue
             if "text" in choice:  # completions
                 text = choice.get("text") or ""
             else:  # chat
@@ -344,6 +364,9 @@ class Generation:
 
     def _held_back(self) -> list[object]:
         """What the parser and the chat tool-call assembler kept until the generation ended."""
+        if self.family is not None and not self._family_done:
+            self._family_done = True
+            return self._parsed(self.family.feed("", [], finished=True))
         return [*self._parsed(self.parser.finish()), *self._flush_chat_calls()]
 
     def _finalise(self) -> None:

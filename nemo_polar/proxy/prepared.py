@@ -46,11 +46,14 @@ class TemplateInputs:
 
         self._ctu = ctu
         self.tokenizer = tokenizer
+        # transformers >= 5.2x copies a message's reasoning into each of its names (gpt-oss's template reads only
+        # ``thinking``); an engine on an older transformers does not. The local renderer follows the engine.
+        self.alias_reasoning = True
 
     def prepare(self, message: dict[str, Any]) -> dict[str, Any]:
         ctu = self._ctu
-        normalized = ctu._normalize_chat_messages([as_vllm_sees_it(message)])
-        return ctu._alias_reasoning_fields(ctu._plain_template_data(normalized))[0]
+        plain = ctu._plain_template_data(ctu._normalize_chat_messages([as_vllm_sees_it(message)]))
+        return (ctu._alias_reasoning_fields(plain) if self.alias_reasoning else plain)[0]
 
     def prepared(
         self, messages: list[dict[str, Any]], keys: list[bytes], before: list[bytes], kept: list[dict[str, Any]]

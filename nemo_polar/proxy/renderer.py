@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import re
 import sys
@@ -45,6 +46,20 @@ PROBE_MESSAGES = [
     {"role": "user", "content": "thanks"},
 ]  # fmt: skip
 
+PROBE_CHAT = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "list the files\n  please"},
+    {"role": "assistant", "content": "Two files."},
+    {"role": "user", "content": "thanks"},
+]
+# What a local renderer must render as the engine does: the whole probe, the same ending mid-turn (where templates
+# keep the reasoning before a tool call), and a plain chat for templates that take only alternating turns.
+VERIFY: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = [
+    (PROBE_MESSAGES, PROBE_TOOLS),
+    (PROBE_MESSAGES[:4], PROBE_TOOLS),
+    (PROBE_CHAT, None),
+]
+
 
 # Where CLIs put system messages: a run of them up front (Codex), one after the first user turn (Claude Code).
 _LEADING_SYSTEMS = [
@@ -62,8 +77,10 @@ _LATER_SYSTEM = [
 
 
 async def probe_template(renderer: Renderer) -> TemplateTraits:
-    """Which system-message placements the template refuses (a client error on render), and whether it renders
-    tools at all (Gemma 3's has no tool support: the model would never see them), tried once each."""
+    """Which system-message placements the template refuses (a client error on render) or silently drops (the
+    render is the same without that message: gpt-oss's renders only the first system message),
+    and whether it renders tools at all (Gemma 3's has no tool support: the model would never see them), tried
+    once each."""
 
     async def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int] | None:
         """The render's ids, or None where the template refuses it (a client error)."""
@@ -75,11 +92,16 @@ async def probe_template(renderer: Renderer) -> TemplateTraits:
             log.info("the chat template refuses %s: %s", [m["role"] for m in messages], err.message)
             return None
 
+    async def takes(messages: list[dict[str, Any]], index: int) -> bool:
+        """The template renders ``messages[index]``: no refusal, and the render differs from the one without it."""
+        full = await ids(messages)
+        return full is not None and full != await ids(messages[:index] + messages[index + 1 :])
+
     chat = [{"role": "user", "content": "list the files"}]
     with_tools = await ids(chat, PROBE_TOOLS)
     return TemplateTraits(
-        merge_leading=await ids(_LEADING_SYSTEMS) is None,
-        later_as_user=await ids(_LATER_SYSTEM) is None,
+        merge_leading=not await takes(_LEADING_SYSTEMS, 1),
+        later_as_user=not await takes(_LATER_SYSTEM, 3),
         renders_tools=with_tools is not None and with_tools != await ids(chat),
     )
 
@@ -147,6 +169,13 @@ class LocalRenderer:
         self.segments = _segmented(self.tokenizer.chat_template)
         self.inputs = TemplateInputs(self.tokenizer)
 
+    @functools.cached_property
+    def compiled(self) -> Any:
+        """The template compiled in the environment transformers renders it in."""
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(self.tokenizer.chat_template)
+
     def render_sync(
         self,
         messages: list[dict[str, Any]],
@@ -155,6 +184,9 @@ class LocalRenderer:
         cache: TokenCache | None = None,
     ) -> list[int]:
         def whole() -> str:
+            if not self.inputs.alias_reasoning:  # apply_chat_template would alias: render as the engine does
+                prepared = [self.inputs.prepare(m) for m in messages]
+                return self.inputs.render(self.compiled, prepared, tools, kwargs)
             view = _as_vllm_sees_them(messages)
             return self.tokenizer.apply_chat_template(
                 view, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
@@ -306,18 +338,37 @@ def _segmented(template: Any) -> SegmentedTemplate | None:
 
 
 async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:
-    """A local renderer that matches the engine's render on the probe conversation, or None."""
+    """A local renderer that renders the probe conversations the template takes exactly as the engine does, or
+    None. A mid-turn conversation (reasoning before a tool call, then its result) shows whether the engine's
+    transformers aliases reasoning fields; the local renderer follows whichever it finds."""
     root = await engine.model_root()
     if root is None or not (Path(root) / "tokenizer_config.json").exists():
         return None
     try:
         local = await asyncio.to_thread(LocalRenderer, Path(root))
-        mine = await local.render(PROBE_MESSAGES, PROBE_TOOLS, {})
+        probes = [(m, t) for m, t in VERIFY if await _takes(local, m, t)]
     except Exception as exc:  # a missing dependency or an unusual tokenizer: the engine renders
         log.warning("local rendering unavailable (%r); using the engine's /tokenize", exc)
         return None
-    theirs = await engine.tokenize_chat(PROBE_MESSAGES, PROBE_TOOLS, {})
-    if mine != theirs:
-        log.warning("local render differs from the engine's; using the engine's /tokenize")
+    if not probes:
+        log.warning("the chat template takes none of the probe conversations; using the engine's /tokenize")
         return None
-    return local
+    theirs = [await engine.tokenize_chat(m, t, {}) for m, t in probes]
+    for alias in (True, False):
+        local.inputs.alias_reasoning = alias
+        if [await local.render(m, t, {}) for m, t in probes] == theirs:
+            if not alias:
+                log.info("the engine's template sees reasoning only under the name it was sent with")
+            return local
+    log.warning("local render differs from the engine's; using the engine's /tokenize")
+    return None
+
+
+async def _takes(local: LocalRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+    try:
+        await local.render(messages, tools, {})
+        return True
+    except ProxyError as refused:
+        if refused.status != 400:
+            raise
+        return False

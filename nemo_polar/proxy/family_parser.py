@@ -1,0 +1,199 @@
+"""A model family's sampled output parsed by vLLM's own parsers, the ones its chat endpoint runs for the family's
+``--tool-call-parser`` / ``--reasoning-parser`` (harmony for gpt-oss, ``llama3_json``, ``glm47``, ...): one place
+for every family's format, and the same reading of a sample that the engine's chat mode gives.
+
+They run in :mod:`nemo_polar.engine.parser_worker`, a process in the engine's virtualenv (importing vLLM takes
+about 10 s and 0.5 GB: one worker per proxy, started on first use). A :class:`FamilyStream` turns one sample's
+deltas (text and token ids: harmony reads the ids) into the proxy's parse events, as :class:`StreamParser` does for
+the formats parsed in process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_polar.engine.launcher import engine_python
+from nemo_polar.proxy.engine_client import EngineInfo
+from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
+
+WORKER = Path(__file__).resolve().parents[1] / "engine" / "parser_worker.py"
+
+
+# What nemo_polar/proxy/parser.py reads in process (no worker, no vLLM needed): hermes JSON and qwen3_coder XML
+# calls, <think> reasoning.
+IN_PROCESS_TOOL_PARSERS = {None, "hermes", "qwen3_coder"}
+IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
+
+
+class ParserWorkerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class FamilyFormat:
+    """What selects a family's parsers: the model directory (its tokenizer) and vLLM's parser names."""
+
+    model_dir: str
+    tool_parser: str | None
+    reasoning_parser: str | None
+    harmony: bool = False  # gpt-oss: vLLM picks harmony by the model type, which a stand-in does not carry
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "model_dir": self.model_dir,
+            "tool_parser": self.tool_parser,
+            "reasoning_parser": self.reasoning_parser,
+            "harmony": self.harmony,
+        }
+
+
+def family_format(info: EngineInfo, tool_parser: str | None, reasoning_parser: str | None) -> FamilyFormat | None:
+    """The format vLLM's parsers read for this engine's model, or None where the in-process parser reads it. The
+    parser names are the given ones, else those the model directory's polar-family.json names."""
+    tool = tool_parser or info.family.get("tool_call_parser")
+    reasoning = reasoning_parser or info.family.get("reasoning_parser")
+    if tool in IN_PROCESS_TOOL_PARSERS and reasoning in IN_PROCESS_REASONING_PARSERS:
+        return None
+    if info.root is None or not Path(info.root).is_dir():
+        raise ProxyError(
+            500,
+            f"the model's output format (tool parser {tool!r}, reasoning parser {reasoning!r}) is read by vLLM's "
+            f"parsers, which need the model's tokenizer files here; the engine's model directory {info.root!r} is "
+            "not on this machine",
+            code="parser_unavailable",
+        )
+    return FamilyFormat(info.root, tool, reasoning, harmony=info.family.get("family") == "gpt_oss")
+
+
+class ParserWorker:
+    """The worker process, one request at a time (a lock serialises the JSON-lines exchange)."""
+
+    def __init__(self, python: Path | None = None) -> None:
+        self.python = python
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self._proc is None or self._proc.poll() is not None:
+            cmd = [str(self.python or engine_python()), str(WORKER)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            assert proc.stdout is not None
+            ready = proc.stdout.readline()
+            if not ready:
+                raise ParserWorkerError(f"the parser worker exited on start ({cmd[0]}: is vLLM installed there?)")
+            self._proc = proc
+        return self._proc
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            proc = self._start()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            line = proc.stdout.readline()
+        if not line:
+            raise ParserWorkerError("the parser worker exited")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise ParserWorkerError(reply.get("error", "the parser worker failed"))
+        return reply
+
+    def new_id(self) -> str:
+        return f"s{next(self._ids)}"
+
+    def parse(
+        self,
+        fmt: FamilyFormat,
+        text: str,
+        token_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A whole sample: ``{"reasoning", "content", "tool_calls": [{"name", "arguments"}]}``."""
+        return self.call(
+            "parse",
+            id=self.new_id(),
+            text=text,
+            token_ids=token_ids,
+            tools=tools,
+            prompt_token_ids=prompt_token_ids,
+            chat_template_kwargs=chat_template_kwargs,
+            **fmt.fields(),
+        )
+
+    def stream(
+        self,
+        fmt: FamilyFormat,
+        tools: list[dict[str, Any]] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> FamilyStream:
+        sid = self.new_id()
+        reply = self.call(
+            "open",
+            id=sid,
+            tools=tools,
+            prompt_token_ids=prompt_token_ids,
+            chat_template_kwargs=chat_template_kwargs,
+            **fmt.fields(),
+        )
+        return FamilyStream(self, sid, skip_special_tokens=reply["sampling"]["skip_special_tokens"])
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+@dataclass
+class FamilyStream:
+    """One sample's deltas in, parse events out. vLLM streams a tool call's arguments in pieces; a call is released
+    whole, once the next call starts or the sample ends."""
+
+    worker: ParserWorker
+    sid: str
+    skip_special_tokens: bool  # what the family's parsers ask of the engine's detokeniser
+    _calls: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def feed(self, text: str, token_ids: list[int], finished: bool = False) -> list[ParseEvent]:
+        delta = self.worker.call("delta", id=self.sid, text=text, token_ids=token_ids, finished=finished)["delta"]
+        events: list[ParseEvent] = []
+        if delta:
+            if delta.get("reasoning"):
+                events.append(ParseEvent("reasoning", delta["reasoning"]))
+            if delta.get("content"):
+                events.append(ParseEvent("text", delta["content"]))
+            for piece in delta.get("tool_calls") or []:
+                index = int(piece["index"])
+                if index not in self._calls:
+                    events += self._release(below=index)
+                    self._calls[index] = {"name": "", "arguments": ""}
+                self._calls[index]["name"] += piece.get("name") or ""
+                self._calls[index]["arguments"] += piece.get("arguments") or ""
+        if finished:
+            events += self._release(below=None)
+            self.worker.call("close", id=self.sid)
+        return events
+
+    def _release(self, below: int | None) -> list[ParseEvent]:
+        done = sorted(i for i in self._calls if below is None or i < below)
+        events = []
+        for i in done:
+            call = self._calls.pop(i)
+            parsed = ParsedToolCall(name=call["name"], arguments=call["arguments"] or "{}", raw="")
+            events.append(ParseEvent("tool_call", call=parsed))
+        return events

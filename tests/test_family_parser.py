@@ -1,0 +1,141 @@
+"""Model families' output formats read by vLLM's own parsers (nemo_polar/proxy/family_parser.py over
+nemo_polar/engine/parser_worker.py, in the engine's virtualenv): a sample in each family's real format, tokenised
+with the family's real tokenizer, parsed streamed token by token (text and ids, as the engine streams them: the
+stop token's id with no text) and whole, into the same reasoning, content and tool calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.family_parser import FamilyFormat, ParserWorker, ParserWorkerError
+from nemo_polar.proxy.parser import ParseEvent
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+QWEN3_CODER = (
+    "<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n<parameter=timeout>\n30\n"
+    "</parameter>\n</function>\n</tool_call>"
+)
+LS = {"command": "ls"}
+LS_30 = {"command": "ls -la", "timeout": 30}
+
+# (model, tool parser, reasoning parser, sample, stop token, reasoning, content, tool calls)
+CASES: dict[str, tuple[str, str, str | None, str, str, str | None, str | None, list[tuple[str, Any]]]] = {
+    "qwen3_5-reasoning-call": (
+        "tiny-qwen3_5", "qwen3_coder", "qwen3", "I should list files.\n</think>\n\n" + QWEN3_CODER, "<|im_end|>",
+        "I should list files.", None, [("bash", LS_30)],
+    ),
+    "qwen3_5-reasoning-text": (
+        "tiny-qwen3_5", "qwen3_coder", "qwen3", "Just answer.\n</think>\n\nHello <b>there</b>.", "<|im_end|>",
+        "Just answer.", "Hello <b>there</b>.", [],
+    ),
+    "llama3-json-call": (
+        "tiny-llama3", "llama3_json", None, '{"name": "bash", "parameters": {"command": "ls"}}', "<|eot_id|>",
+        None, None, [("bash", LS)],
+    ),
+    "llama3-python-tag-call": (
+        "tiny-llama3", "llama3_json", None, '<|python_tag|>{"name": "bash", "parameters": {"command": "ls"}}',
+        "<|eom_id|>", None, None, [("bash", LS)],
+    ),
+    "llama3-text": (
+        "tiny-llama3", "llama3_json", None, "Files: a, b {not json}.", "<|eot_id|>",
+        None, "Files: a, b {not json}.", [],
+    ),
+    "gpt_oss-analysis-call": (
+        "tiny-gpt_oss", "openai", "openai_gptoss",
+        "<|channel|>analysis<|message|>Need to list files.<|end|><|start|>assistant to=functions.bash"
+        '<|channel|>commentary json<|message|>{"command":"ls"}', "<|call|>",
+        "Need to list files.", None, [("bash", LS)],
+    ),
+    "gpt_oss-analysis-final": (
+        "tiny-gpt_oss", "openai", "openai_gptoss",
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hello!", "<|return|>",
+        "Easy.", "Hello!", [],
+    ),
+    "glm-reasoning-call": (
+        "tiny-glm", "glm47", "glm45",
+        "Let me list.</think><tool_call>bash<arg_key>command</arg_key><arg_value>ls -la</arg_value>"
+        "<arg_key>timeout</arg_key><arg_value>30</arg_value></tool_call>", "<|observation|>",
+        "Let me list.", None, [("bash", LS_30)],
+    ),
+    "glm-reasoning-text": (
+        "tiny-glm", "glm47", "glm45", "Hmm.</think>Hello world.", "<|user|>", "Hmm.", "Hello world.", [],
+    ),
+    "qwen3-hermes-text-call": (
+        "tiny-qwen3", "hermes", None,
+        'Sure.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', "<|im_end|>",
+        None, "Sure.", [("bash", LS)],
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[ParserWorker]:
+    w = ParserWorker()
+    yield w
+    w.close()
+
+
+def _tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cache_dir() / "models" / model)
+
+
+def _events(events: list[ParseEvent]) -> tuple[str | None, str | None, list[tuple[str, Any]]]:
+    reasoning = "".join(e.text for e in events if e.kind == "reasoning").strip() or None
+    content = "".join(e.text for e in events if e.kind == "text").strip() or None
+    calls = [(e.call.name, json.loads(e.call.arguments)) for e in events if e.call is not None]
+    return reasoning, content, calls
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_family_sample_parses_streamed_and_whole(worker: ParserWorker, case: str) -> None:
+    model, tool_parser, reasoning_parser, sample, stop, *expected = CASES[case]
+    tok = _tokenizer(model)
+    fmt = FamilyFormat(str(cache_dir() / "models" / model), tool_parser, reasoning_parser, harmony="gpt_oss" in model)
+    messages = [{"role": "user", "content": "list files"}]
+    prompt = list(tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True))
+    prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "input_ids") else prompt
+    ids = tok.encode(sample, add_special_tokens=False)
+
+    stream = worker.stream(fmt, tools=TOOLS, prompt_token_ids=prompt)
+    events: list[ParseEvent] = []
+    seen = ""
+    for i in range(len(ids)):  # one token at a time, its text as an incremental detokeniser gives it
+        text = tok.decode(ids[: i + 1], skip_special_tokens=stream.skip_special_tokens)
+        events += stream.feed(text[len(seen) :], [ids[i]])
+        seen = text
+    events += stream.feed("", [tok.convert_tokens_to_ids(stop)], finished=True)  # the stop token: an id, no text
+    assert _events(events) == tuple(expected)
+
+    whole = worker.parse(fmt, seen, [*ids, tok.convert_tokens_to_ids(stop)], tools=TOOLS, prompt_token_ids=prompt)
+    calls = [(c["name"], json.loads(c["arguments"])) for c in whole["tool_calls"]]
+    assert ((whole["reasoning"] or "").strip() or None, (whole["content"] or "").strip() or None, calls) == tuple(
+        expected
+    )
+
+
+def test_a_parser_vllm_does_not_know_is_a_clear_error_and_the_worker_serves_on(worker: ParserWorker) -> None:
+    fmt = FamilyFormat(str(cache_dir() / "models" / "tiny-llama3"), "no_such_parser", None)
+    with pytest.raises(ParserWorkerError, match="no_such_parser"):
+        worker.parse(fmt, "hello", [])
+    ok = worker.parse(FamilyFormat(fmt.model_dir, "llama3_json", None), "hello", [])
+    assert ok["content"] == "hello" and ok["tool_calls"] == []
