@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,25 @@ def test_a_parser_vllm_does_not_know_is_a_clear_error_and_the_worker_serves_on(w
         worker.parse(fmt, "hello", [])
     ok = worker.parse(FamilyFormat(fmt.model_dir, "llama3_json", None), "hello", [])
     assert ok["content"] == "hello" and ok["tool_calls"] == []
+
+
+def test_which_formats_need_vllms_parsers_and_what_they_need() -> None:
+    """hermes, qwen3_coder and <think> are read in process; any other format needs the model's files beside the
+    proxy, and says so (a failed call with a reason, never text parsed by the wrong rules)."""
+    from nemo_polar.proxy.engine_client import EngineInfo
+    from nemo_polar.proxy.errors import ProxyError
+    from nemo_polar.proxy.family_parser import family_format
+
+    remote = EngineInfo(model="m", max_model_len=None, eot_id=None, root="/nowhere/on/this/machine")
+    assert family_format(remote, None, None) is None  # no family file: hermes, in process
+    assert family_format(remote, "qwen3_coder", "qwen3") is None
+    with pytest.raises(ProxyError) as refused:
+        family_format(remote, "llama3_json", None)
+    assert refused.value.code == "parser_unavailable" and "llama3_json" in refused.value.message
+
+    root = str(cache_dir() / "models" / "tiny-gpt_oss")
+    from nemo_polar.engine.launcher import model_family
+
+    local = EngineInfo(model="m", max_model_len=None, eot_id=None, root=root, family=model_family(Path(root)))
+    assert family_format(local, None, None) == FamilyFormat(root, "openai", "openai_gptoss", harmony=True)
+    assert family_format(local, "hermes", "qwen3") is None  # the proxy's flags win over the directory's file
