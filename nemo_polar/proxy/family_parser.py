@@ -168,6 +168,7 @@ class FamilyStream:
     sid: str
     skip_special_tokens: bool  # what the family's parsers ask of the engine's detokeniser
     _calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    _closed: bool = False
 
     def feed(self, text: str, token_ids: list[int], finished: bool = False) -> list[ParseEvent]:
         delta = self.worker.call("delta", id=self.sid, text=text, token_ids=token_ids, finished=finished)["delta"]
@@ -186,8 +187,14 @@ class FamilyStream:
                 self._calls[index]["arguments"] += piece.get("arguments") or ""
         if finished:
             events += self._release(below=None)
-            self.worker.call("close", id=self.sid)
+            self.close()
         return events
+
+    def close(self) -> None:
+        """Drop the worker's parser for this sample (at its end, or when the call is abandoned before it)."""
+        if not self._closed:
+            self._closed = True
+            self.worker.call("close", id=self.sid)
 
     def _release(self, below: int | None) -> list[ParseEvent]:
         done = sorted(i for i in self._calls if below is None or i < below)

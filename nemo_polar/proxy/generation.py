@@ -12,6 +12,7 @@ tokens as the parent's context closed. The model thus conditions on exactly the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import aiohttp
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.family_parser import FamilyStream
+from nemo_polar.proxy.family_parser import FamilyStream, ParserWorkerError
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.renderer import Renderer
@@ -229,12 +230,19 @@ class Generation:
         if self._family_stream is not None:  # the worker may start (seconds): off the event loop
             self.family = await asyncio.to_thread(self._family_stream, list(self.plan.prompt_token_ids))
             self.plan.body["skip_special_tokens"] = self.family.skip_special_tokens
-        if self.plan.body.get("stream"):
-            self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
-        else:
-            self._whole = await self.engine.post_json(self.plan.path, self.plan.body)
+        try:
+            if self.plan.body.get("stream"):
+                self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+            else:
+                self._whole = await self.engine.post_json(self.plan.path, self.plan.body)
+        except BaseException:  # refused by the engine: nothing will close this call later
+            await self.close()
+            raise
 
     async def close(self) -> None:
+        if self.family is not None:  # a call abandoned mid-sample (the harness went away) frees its parser too
+            with contextlib.suppress(ParserWorkerError):
+                self.family.close()
         if self._resp is not None:
             self._resp.close()  # closing (not releasing) aborts the engine request if it is still running
             self._resp = None
