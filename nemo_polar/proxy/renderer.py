@@ -83,14 +83,7 @@ async def probe_template(renderer: Renderer) -> TemplateTraits:
     once each."""
 
     async def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int] | None:
-        """The render's ids, or None where the template refuses it (a client error)."""
-        try:
-            return await renderer.render(messages, tools, {})
-        except ProxyError as err:
-            if err.status != 400:
-                raise
-            log.info("the chat template refuses %s: %s", [m["role"] for m in messages], err.message)
-            return None
+        return await _render_or_none(renderer, messages, tools)
 
     async def takes(messages: list[dict[str, Any]], index: int) -> bool:
         """The template renders ``messages[index]``: no refusal, and the render differs from the one without it."""
@@ -346,7 +339,7 @@ async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:
         return None
     try:
         local = await asyncio.to_thread(LocalRenderer, Path(root))
-        probes = [(m, t) for m, t in VERIFY if await _takes(local, m, t)]
+        probes = [(m, t) for m, t in VERIFY if await _render_or_none(local, m, t) is not None]
     except Exception as exc:  # a missing dependency or an unusual tokenizer: the engine renders
         log.warning("local rendering unavailable (%r); using the engine's /tokenize", exc)
         return None
@@ -364,11 +357,14 @@ async def verified_local_renderer(engine: EngineClient) -> LocalRenderer | None:
     return None
 
 
-async def _takes(local: LocalRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
+async def _render_or_none(
+    renderer: Renderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int] | None:
+    """The render's ids, or None where the template refuses it (a client error)."""
     try:
-        await local.render(messages, tools, {})
-        return True
-    except ProxyError as refused:
-        if refused.status != 400:
+        return await renderer.render(messages, tools, {})
+    except ProxyError as err:
+        if err.status != 400:
             raise
-        return False
+        log.info("the chat template refuses %s: %s", [m["role"] for m in messages], err.message)
+        return None
