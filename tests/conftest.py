@@ -49,6 +49,12 @@ def engine_url() -> Iterator[str]:
     yield from _start_engine("tiny-qwen3")
 
 
+@pytest.fixture(scope="session")
+def model_dir(engine_url: str) -> str:
+    """The shared engine's model directory (its tokenizer and template)."""
+    return httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
+
+
 @pytest.fixture(scope="module")
 def smollm2_url() -> Iterator[str]:
     """The real vLLM engine serving SmolLM2-135M-Instruct (real weights: real text). Module-scoped: it is stopped

@@ -1,13 +1,16 @@
 """Fault injection around the real engine and proxy: a forwarding HTTP point that fails chosen model calls.
 
 Only what the real parts cannot be made to do on demand is faked: an engine answering 500 for one call, an engine
-slow to end a stream (its finishing event held until the test releases it), and a client connection dropping after
-part of a stream. Everything else is forwarded byte for byte.
+slow to end a stream (its finishing event held until the test releases it), a client connection dropping after
+part of a stream, and an engine that ignores ``vllm_xargs`` (as vLLM does for a key no loaded logits processor
+reads: what an engine started without nemo_polar's processor does, without starting a second engine). Everything
+else is forwarded byte for byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import AsyncIterator, Iterable
@@ -28,7 +31,7 @@ class DroppedConnection(Exception):
     """Raised inside a streamed body: uvicorn closes the connection without ending the response."""
 
 
-FaultKind = Literal["http_500", "hold_finish", "disconnect"]
+FaultKind = Literal["http_500", "hold_finish", "disconnect", "drop_xargs"]
 FINISHED = re.compile(rb'"finish_reason":\s*"')
 
 
@@ -63,6 +66,10 @@ def fault_app(upstream: str, kind: FaultKind, calls: Iterable[int], paths: tuple
         if request.method == "POST" and "/" + path in paths:
             with lock:
                 index, seen["calls"] = seen["calls"], seen["calls"] + 1
+        if index in failing and kind == "drop_xargs" and b"vllm_xargs" in body:
+            app.state.faulted.append(index)
+            body = json.dumps({k: v for k, v in json.loads(body).items() if k != "vllm_xargs"}).encode()
+            index = None  # forwarded as it now is
         if index in failing and kind == "http_500":
             app.state.faulted.append(index)
             return JSONResponse({"error": {"message": "injected engine fault", "type": "InternalServerError"}}, 500)

@@ -45,13 +45,6 @@ PAPER_HARNESSES = ["codex", "claude_code", "qwen_code", "pi"]
 EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
 
 
-@pytest.fixture(scope="module")
-def model_dir(engine_url: str) -> str:
-    import httpx
-
-    return httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
-
-
 def task() -> Task:
     return Task(instance_id="calc-1", problem_statement="Fix add in calc.py so that the tests pass.", repo=TASK_REPO)
 
@@ -143,12 +136,12 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: 
     assert row.messages[-1].role == "assistant" and row.messages[-1].content == "Fixed add in calc.py."
     assert any(m.role == "tool" and "return a - b" in (m.content or "") for m in row.messages)
     assert json.loads(row.metadata)["harness"] == harness
-    # Scripted turns are off-policy by construction: vLLM applies the structured-output mask before it computes
-    # logprobs, so the recorded logprobs are the constrained sampler's (near 0), not the policy's. Recomputing
-    # under the same weights without the mask exposes exactly that, which is what the audit is for.
+    # Scripted turns are held to their ids by a logits processor, and vLLM reports the model's own (raw) logprobs of
+    # what it sampled: recomputing under the same weights agrees (CPU float noise), so the records carry the policy's
+    # logprobs even where the script chose the tokens. (A structured-outputs mask gave the masked sampler's, near 0.)
     drift = recompute_logprobs(built.traces, Path(model_dir))
     assert drift["tokens"] == main[0].trainable_tokens
-    assert drift["mean_abs_logprob_delta"] > 1.0 and drift["kl_k3"] > 1.0, drift
+    assert drift["mean_abs_logprob_delta"] < 0.05 and drift["kl_k3"] < 0.01, drift
 
     saved = json.loads((tmp_path / "session" / "session.json").read_text())
     assert saved["status"] == "completed" and saved["harness"] == harness

@@ -35,6 +35,7 @@ API = {"chat-completions": "chat", "responses": "responses", "anthropic-messages
 # system message, gpt-oss's renders only the first, Gemma 3's refuses both and renders no tools.
 TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests after them
     QWEN3_5: TemplateTraits(merge_leading=True, later_as_user=True),
+    "tiny-qwen3_hf": TemplateTraits(),  # Qwen3's takes a system message anywhere
     "tiny-gpt_oss": TemplateTraits(merge_leading=True, later_as_user=True),
     "tiny-glm": TemplateTraits(),
     "tiny-gemma": TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False),
@@ -42,6 +43,7 @@ TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests afte
 }
 PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its polar-family.json names them
     QWEN3_5: ("qwen3_coder", "qwen3"),
+    "tiny-qwen3_hf": ("hermes", "qwen3"),
     "tiny-llama3": ("llama3_json", None),
     "tiny-gpt_oss": ("openai", "openai_gptoss"),
     "tiny-glm": ("glm47", "glm45"),
@@ -190,10 +192,12 @@ def test_system_placement_keeps_the_render_append_only() -> None:
 
 @pytest.mark.parametrize("model", list(PARSERS))
 def test_the_family_directory_names_its_parsers(model: str) -> None:
+    from nemo_polar.engine.build_models import FAMILIES
     from nemo_polar.engine.launcher import EngineSpec, model_family, resolve_model
 
     path, name, max_len = resolve_model(model)
-    assert model_family(path)["family"] == model.removeprefix("tiny-") and (name, max_len) == (model, 32768)
+    [folder] = [f.folder for f in FAMILIES.values() if f.stand_in == model]
+    assert model_family(path)["family"] == folder and (name, max_len) == (model, 32768)
     cmd, _ = EngineSpec(model=model).command()
     tool, reasoning = PARSERS[model]
     assert (cmd[cmd.index("--tool-call-parser") + 1] if tool else "--tool-call-parser" not in cmd) == (tool or True)
@@ -264,6 +268,41 @@ FIRST_SYSTEM_ONLY = (
     "{%- if tools -%}{{ tools | tojson }}{%- endif -%}"
     "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
 )
+
+
+# What a scripted tool call looks like in each family's own format, as its template writes it (the demo's first call).
+SCRIPTED_CALL = {
+    QWEN3_5: "<tool_call>\n<function=",  # qwen3_coder XML
+    "tiny-llama3": '"parameters": {',  # bare JSON
+    "tiny-gpt_oss": " to=functions.",  # harmony: recipient, then <|channel|> as its special token
+    "tiny-glm": "</arg_key><arg_value>",  # GLM-4.7's XML, after reasoning: its prompt opens "<think>"
+}
+
+
+def _demo_on(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """``make demo MODEL=<family>``: the four CLIs solve their tasks with each scripted turn written by the family's
+    template in its tool-call format, sampled token for token and parsed back by vLLM's parser for the family."""
+    from transformers import AutoTokenizer
+
+    from nemo_polar.env.gym import ENVIRONMENTS
+    from tests.test_demo import run_demo
+
+    run_demo(served.engine, tmp_path, monkeypatch, capsys)
+    root = httpx.get(f"{served.engine}/v1/models", timeout=10).json()["data"][0]["root"]
+    tok = AutoTokenizer.from_pretrained(root)
+    for env in ENVIRONMENTS:
+        [records] = (tmp_path / env).glob("*/records.jsonl")
+        first = json.loads(records.read_text().splitlines()[0])
+        assert SCRIPTED_CALL[served.model] in tok.decode(first["sampled_token_ids"]), env
+        assert first["sampled_token_ids"] == tok.encode(
+            tok.decode(first["sampled_token_ids"]), add_special_tokens=False
+        )
+
+
+def test_the_demo_runs_on_qwen3_5(
+    serve: OneFamilyAtATime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _demo_on(serve(QWEN3_5), tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize(
@@ -421,3 +460,30 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
     assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
     parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
     assert rec2["prompt_token_ids"][: len(parent)] == parent
+
+
+def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATime) -> None:
+    """Llama 3.1's template takes one tool call per message: a scripted turn with two is refused with the template's
+    own reason, and a failed record."""
+    proxy = serve("tiny-llama3").proxy
+    calls = [{"name": "bash", "arguments": {"command": c}} for c in ("ls", "pwd")]
+    session = proxy.session(script=[{"tool_calls": calls}])
+    headers = {"Authorization": f"Bearer {session['api_key']}"}
+    body = {"model": "local-model", "messages": LIST_FILES, "tools": [BASH]}
+    resp = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "script_invalid", resp.text
+    assert "cannot write script entry 0" in resp.json()["error"]["message"]
+    assert "single tool-calls" in resp.json()["error"]["message"]  # the template's raise_exception text
+    [rec] = proxy.records(session["session_id"])
+    assert not rec["complete"] and "cannot write script entry 0" in rec["error"]
+
+
+@pytest.mark.parametrize("model", ["tiny-llama3", "tiny-gpt_oss", "tiny-glm"])  # tiny-llama3's engine is running
+def test_the_demo_runs_on_the_family(
+    serve: OneFamilyAtATime,
+    model: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _demo_on(serve(model), tmp_path, monkeypatch, capsys)

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import pytest
 
 from nemo_polar.env.harness import HARNESSES, get_harness
@@ -66,11 +65,6 @@ def engine_side(request: pytest.FixtureRequest, engine_url: str, tmp_path: Path)
             yield handle
 
 
-@pytest.fixture(scope="module")
-def model_dir(engine_url: str) -> Path:
-    return Path(httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
-
-
 def diagnosis(records: list[CallRecord], session_dir: Path) -> str:
     """What decided the session's shape, for a failure seen only on another machine: per call its reason, prompt and
     sampled sizes and request size; and the CLI's own account (its logged token usage and compactions)."""
@@ -101,7 +95,7 @@ def diagnosis(records: list[CallRecord], session_dir: Path) -> str:
 @pytest.mark.parametrize(
     ("case", "engine_side"), [(c, c) for c in RUN], ids=[c.id for c in RUN], indirect=["engine_side"]
 )
-def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: Path, tmp_path: Path) -> None:
+def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: str, tmp_path: Path) -> None:
     harness = get_harness(case.harness, **case.harness_options)
     task = Task(instance_id=case.id, problem_statement=case.instruction, repo=PATTERNS / "repo")
     with ExitStack() as stack:
@@ -147,7 +141,7 @@ def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: Path, t
     built = prefix_merging(records)
     by_id = {r.call_id: r for r in records}
     # The engine re-scores every trainable token of every trace (what `polar audit --recompute-logprobs` does).
-    drift = recompute_logprobs(built.traces, model_dir)
+    drift = recompute_logprobs(built.traces, Path(model_dir))
     assert drift["tokens"] == sum(t.trainable_tokens for t in built.traces)
     # NeMo-RL's contiguity rule holds along the main chain; the SFT export keeps every agent chain.
     for trace in built.traces:

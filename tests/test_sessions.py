@@ -101,6 +101,76 @@ def test_script_constrains_calls_in_order_then_samples_freely() -> None:
     assert first["seed_hint"] == 1
 
 
+def test_a_script_turn_goes_to_the_engine_as_its_token_ids() -> None:
+    from nemo_polar.proxy.sessions import SessionConfig
+
+    turn = {"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}
+    cfg = SessionConfig(script=[turn, "done"], extra_body={"vllm_xargs": {"other": 1}})
+    with pytest.raises(ValueError, match="its token ids are needed"):
+        cfg.engine_extra(0)  # a turn is held to ids, which only the engine's template and tokenizer give
+    held = {"polar_forced_ids": [5, 6], "polar_then_stop": 7}
+    assert cfg.engine_extra(0, held)["vllm_xargs"] == {"other": 1, **held}
+    assert "structured_outputs" not in cfg.engine_extra(0, held)
+    assert cfg.engine_extra(1)["structured_outputs"] == {"regex": "done"}  # a string stays a text constraint
+
+
+LS_TOOL = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {
+    "command": {"type": "string"}}}}}]  # fmt: skip
+
+
+def test_a_script_turn_is_written_by_the_template_and_sampled_token_for_token(
+    proxy: ProxyHandle, model_dir: str
+) -> None:
+    """The turn's tool call is written by the engine's chat template (hermes here), the engine is held to exactly
+    those ids (the canonical tokenisation, special tokens as the tokens) and reports the model's own logprobs; the
+    proxy parses the call back. A text turn follows."""
+    from transformers import AutoTokenizer
+
+    turn = {"tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
+    session = proxy.session(script=[turn, {"content": "Two files."}], sampling_overrides={"max_tokens": 64})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0, timeout=60)
+    messages: list[dict] = [{"role": "user", "content": "list the files"}]
+    first = client.chat.completions.create(model="local-model", messages=messages, tools=LS_TOOL)  # type: ignore[arg-type]
+    [call] = first.choices[0].message.tool_calls or []
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls -la"}
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "a.py\nb.py"},
+    ]
+    second = client.chat.completions.create(model="local-model", messages=messages, tools=LS_TOOL)  # type: ignore[arg-type]
+    assert second.choices[0].message.content == "Two files."
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    for rec in proxy.records(session["session_id"]):
+        ids = rec["sampled_token_ids"]
+        text = tok.decode(ids)
+        assert ids == tok.encode(text, add_special_tokens=False)  # canonical: "<tool_call>" is its one token
+        assert ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")  # ended on the template's end of turn
+        assert all(lp <= 0 for lp in rec["sampled_logprobs"]) and min(rec["sampled_logprobs"]) < -1  # the model's
+    first_rec = proxy.records(session["session_id"])[0]
+    assert tok.convert_tokens_to_ids("<tool_call>") == first_rec["sampled_token_ids"][0]
+
+
+def test_an_engine_that_ignores_forced_ids_refuses_a_scripted_turn(engine_url: str, tmp_path: Path) -> None:
+    """An engine started without the forced-tokens processor would let the model sample freely under a scripted
+    turn: the proxy checks once and answers a clear error, with a failed record, instead."""
+    from tests.conftest import make_proxy
+    from tests.faults import FaultPoint
+
+    with FaultPoint(engine_url, "drop_xargs", range(1000)) as point:
+        for handle in make_proxy(point.url, tmp_path / "records"):
+            session = handle.session(script=[{"content": "hi"}])
+            headers = {"Authorization": f"Bearer {session['api_key']}"}
+            body = {"model": "local-model", "messages": [{"role": "user", "content": "hello"}]}
+            resp = httpx.post(f"{handle.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert resp.status_code == 500, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "script_unsupported" and "--logits-processors" in error["message"]
+            [rec] = handle.records(session["session_id"])
+            assert not rec["complete"] and "does not hold a request to given token ids" in rec["error"]
+        assert point.faulted  # the probe's field was dropped, as such an engine drops it
+
+
 def test_answered_calls_count_calls_whose_tool_calls_were_streamed() -> None:
     from nemo_polar.proxy.records import CallRecord
     from nemo_polar.proxy.sessions import SessionConfig, SessionStore
@@ -212,3 +282,17 @@ def test_without_a_record_dir_only_the_latest_closed_sessions_are_kept() -> None
         assert [r.call_id for r in store.records(s.id) or []] == [f"c-{s.id}"]
         assert store.close(s.id) == ClosedSession(s.id, s.records)
     assert (len(store), store.live) == (3, 0)
+
+
+def test_the_engine_loads_the_forced_tokens_processor() -> None:
+    """`polar engine up` loads the processor scripted turns need, from a folder of its own on the engine's path (not
+    the proxy's site-packages); with speculative decoding, which vLLM refuses beside it, it does not."""
+    from nemo_polar.engine.launcher import FORCED_TOKENS, EngineSpec
+
+    cmd, env = EngineSpec(model="tiny-qwen3").command()
+    assert cmd[cmd.index("--logits-processors") + 1] == FORCED_TOKENS
+    module = FORCED_TOKENS.split(":")[0]
+    folder = Path(env["PYTHONPATH"].split(":")[0])
+    assert (folder / f"{module}.py").is_file() and not (folder / "nemo_polar").exists()
+    spec = EngineSpec(model="tiny-qwen3", extra_args=['--speculative-config={"method": "ngram"}'])
+    assert "--logits-processors" not in spec.command()[0]

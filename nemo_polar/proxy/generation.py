@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_polar.proxy import scripted
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
@@ -109,7 +110,7 @@ async def plan(
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
         return Plan(
             "/v1/completions",
-            {**body, **session.config.engine_extra(session.answered_calls())},
+            {**body, **await scripted.engine_extra(engine, session)},
             sampling,
             parent,
             reason,
@@ -143,7 +144,7 @@ async def plan(
     render_reason = f"engine_render:{reason}"
     return Plan(
         "/v1/chat/completions",
-        {**body, **session.config.engine_extra(session.answered_calls())},
+        {**body, **await scripted.engine_extra(engine, session)},
         sampling,
         parent,
         render_reason,

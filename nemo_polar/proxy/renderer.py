@@ -196,23 +196,34 @@ class LocalRenderer:
     def _template(
         self, whole: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], cache: TokenCache
     ) -> str:
-        """The template's text, running it over the new messages only where ``SegmentedTemplate`` proves that
-        enough, on messages prepared once each (``TemplateInputs``); ``cache.template_how`` says which."""
-        if self.segments is None or START in kwargs or MARK in kwargs:
-            cache.template_how = "full:not_segmentable"
-            return whole()
+        """The template's text over messages prepared once each (``TemplateInputs``), running it over the new
+        messages only where ``SegmentedTemplate`` proves that enough; ``cache.template_how`` says which."""
         last = cache.template
         try:
             keys = [fastjson.dumps(m) for m in messages]
             prepared = self.inputs.prepared(messages, keys, last.messages, last.prepared)
+        except Exception as exc:  # a message transformers' preparation refuses: it raises the same again
+            cache.template = TemplateCache()
+            cache.template_how = f"full:{type(exc).__name__}"
+            return whole()
 
-            def render(template: Any, **marks: Any) -> str:
-                return self.inputs.render(template, prepared, tools, {**kwargs, **marks})
+        def render(template: Any, **marks: Any) -> str:
+            return self.inputs.render(template, prepared, tools, {**kwargs, **marks})
 
+        if self.segments is None or START in kwargs or MARK in kwargs or last.whole_only:
+            text = render(self.compiled)  # raises what the template raises for this conversation
+            last.messages, last.prepared = keys, prepared
+            cache.template_how = "full:not_segmentable"
+            return text
+        try:
             text, cache.template_how = self.segments.render(render, messages, tools, kwargs, last, keys)
             last.prepared = prepared
             return text
-        except Exception as exc:  # the mark in a message, or the derived template's state not JSON: render whole
+        except NotSegmentable as exc:  # iterations skipped, or the mark in a message: this session renders whole
+            cache.template = TemplateCache(messages=keys, prepared=prepared, whole_only=True)
+            cache.template_how = f"full:{type(exc).__name__}"
+            return render(self.compiled)
+        except Exception as exc:  # the derived template's state not JSON, or the template raises: render whole
             cache.template = TemplateCache()
             cache.template_how = f"full:{type(exc).__name__}"
             return whole()  # raises what the template itself raises for this conversation

@@ -8,6 +8,7 @@ echoed assistant turn is replaced by the exact output recorded for it.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
@@ -24,6 +25,34 @@ from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter, read_record
 from nemo_polar.proxy.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
 
+# The keys the engine's forced-tokens logits processor reads (engine/vllm_plugins/polar_forced_tokens.py).
+FORCED_IDS, THEN_STOP = "polar_forced_ids", "polar_then_stop"
+
+
+class ScriptCall(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptTurn(BaseModel):
+    """A scripted assistant turn: text and tool calls, which the model's own chat template writes in its format."""
+
+    content: str = ""
+    tool_calls: list[ScriptCall] = Field(default_factory=list)
+    reasoning: str | None = Field(default=None, description="written where the template writes reasoning")
+
+    def message(self) -> dict[str, Any]:
+        calls = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for i, c in enumerate(self.tool_calls)
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if calls:
+            message["tool_calls"] = calls
+        if self.reasoning is not None:
+            message["reasoning"] = self.reasoning  # the field vLLM passes to templates
+        return message
+
 
 class SessionConfig(BaseModel):
     mode: Mode = "continuation"
@@ -36,11 +65,13 @@ class SessionConfig(BaseModel):
     policy_version: int | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every engine request")
-    script: list[str] = Field(
+    script: list[str | ScriptTurn] = Field(
         default_factory=list,
-        description="scripted policy: the n-th call is constrained (vLLM structured outputs) to produce exactly "
-        "script[n], n counting completed calls and those whose tool calls were already streamed "
-        "(Session.answered_calls); later calls sample freely. The engine still samples the ids and their logprobs.",
+        description="scripted policy: the n-th call is held to script[n], n counting completed calls and those whose "
+        "tool calls were already streamed (Session.answered_calls); later calls sample freely. A ScriptTurn is an "
+        "assistant turn as the model's chat template writes it, held to exactly those token ids; a string is a "
+        "completion text matched by vLLM structured outputs (the engine picks its tokenisation). Either way the "
+        "engine samples the ids and their logprobs.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -52,11 +83,17 @@ class SessionConfig(BaseModel):
             raise ValueError(f"max_tokens must be at least 1, got {pinned.max_tokens}")
         return pinned
 
-    def engine_extra(self, position: int) -> dict[str, Any]:
-        """What is merged into the engine request of the session's next call."""
+    def engine_extra(self, position: int, forced: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What is merged into the engine request of the session's next call; ``forced``: a ScriptTurn's ids for the
+        forced-tokens processor (:func:`nemo_polar.proxy.scripted.engine_extra` renders them)."""
         if position >= len(self.script):
             return self.extra_body
-        return {**self.extra_body, "structured_outputs": {"regex": re.escape(self.script[position])}}
+        step = self.script[position]
+        if isinstance(step, str):
+            return {**self.extra_body, "structured_outputs": {"regex": re.escape(step)}}
+        if forced is None:
+            raise ValueError(f"script entry {position} is a turn: its token ids are needed")
+        return {**self.extra_body, "vllm_xargs": {**self.extra_body.get("vllm_xargs", {}), **forced}}
 
 
 class SessionCreated(BaseModel):
@@ -89,6 +126,7 @@ class Session:
     # finished tool-call item) before the call completes and commits.
     delivering: set[str] = field(default_factory=set)
     token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
+    forced: dict[int, dict[str, Any]] = field(default_factory=dict)  # script position -> its turn's ids (scripted)
 
     def answered_calls(self) -> int:
         """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A

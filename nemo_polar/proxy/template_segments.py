@@ -54,6 +54,9 @@ class TemplateCache:
     starts: list[int] = field(default_factory=list)  # where each message's iteration begins in ``text``
     state: str = ""  # the prelude's variables that iterations read, as JSON
     prepared: list[Any] = field(default_factory=list)  # each message as the template saw it (the renderer's)
+    # The derived template skipped iterations in this session (Llama 3.1's prelude drops the system message from
+    # ``messages``, so its loop runs over fewer): its later calls render whole without trying again.
+    whole_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls, tool_call_text
+from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls
 from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
 
 HARNESS_MOUNT = "/opt/polar/harness"  # where the pinned install appears inside a sandbox
 # Never part of a patch: harness state, caches and environments, wherever a CLI put them.
@@ -142,12 +143,14 @@ class Harness(ABC):
     def subagent(self, description: str, prompt: str) -> tuple[str, dict[str, Any]]:
         raise Unsupported(f"{self.name} has no subagent tool")
 
-    def action_text(self, action: Action, workspace: str) -> str:
-        """The exact completion the engine is constrained to for this action."""
+    def action_turn(self, action: Action, workspace: str) -> ScriptTurn:
+        """The assistant turn the engine is held to for this action (the model's template writes it in its format)."""
         if isinstance(action, Final):
-            return action.text
+            return ScriptTurn(content=action.text)
         if isinstance(action, ToolCalls):
-            return "\n".join(self.action_text(call, workspace) for call in action.calls)
+            return ScriptTurn(
+                tool_calls=[c for call in action.calls for c in self.action_turn(call, workspace).tool_calls]
+            )
         if isinstance(action, Shell):
             name, args = self.shell(action.command)
         elif isinstance(action, ReadFile):
@@ -158,4 +161,4 @@ class Harness(ABC):
             name, args = self.subagent(action.description, action.prompt)
         else:  # pragma: no cover - the union is closed
             raise TypeError(action)
-        return tool_call_text(name, args)
+        return ScriptTurn(tool_calls=[ScriptCall(name=name, arguments=args)])

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, Harness, Launch
-from nemo_polar.env.script import Action, Subagent, tool_call_text
+from nemo_polar.env.script import Action, Subagent
+from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
 
 BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 TEMPLATE_SLUG = "gpt-5.5"  # a built-in entry whose tools (freeform apply_patch, shell) suit a coding policy
@@ -130,10 +131,10 @@ class Codex(Harness):
         task = "".join(c if c.isalnum() else "_" for c in description.lower()).strip("_") or "task"
         return "spawn_agent", {"task_name": task, "message": prompt, "fork_turns": "none"}
 
-    def action_text(self, action: Action, workspace: str) -> str:
+    def action_turn(self, action: Action, workspace: str) -> ScriptTurn:
         # A spawned agent runs in the background while the main thread samples on. wait_agent in the same turn
         # blocks the main thread until the subagent finishes, so the scripted calls come in a fixed order.
-        text = super().action_text(action, workspace)
+        turn = super().action_turn(action, workspace)
         if isinstance(action, Subagent):
-            text += "\n" + tool_call_text("wait_agent", {"timeout_ms": 600000})
-        return text
+            turn.tool_calls.append(ScriptCall(name="wait_agent", arguments={"timeout_ms": 600000}))
+        return turn
