@@ -51,6 +51,7 @@ from nemo_polar.rewards.instance import bundled_instances
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "harness_requests"
 README = ROOT / "README.md"
+NO_TOOLS = "template renders no tools"
 MARKERS = ("<!-- families:table -->", "<!-- /families:table -->")
 MODELS = ["tiny-qwen3", *(f.stand_in for f in FAMILIES.values())]
 API = {"chat-completions": "chat", "responses": "responses", "anthropic-messages": "anthropic"}
@@ -103,8 +104,9 @@ def replay(proxy: ProxyClient, engine_url: str) -> tuple[int, int, dict[str, int
         headers = {"authorization": f"Bearer {key}", "x-api-key": key}
         resp = httpx.post(f"{proxy.url}{PATHS[fixture['api']]}", json=body, headers=headers, timeout=300)
         if resp.status_code != 200:
-            code = (resp.json().get("error") or {}).get("code") or str(resp.status_code)
-            refused[code] = refused.get(code, 0) + 1
+            [record] = proxy.records(session_id)  # the failed record says why, whatever the API's error shape
+            why = NO_TOOLS if "renders no tools" in (record.error or "") else str(resp.status_code)
+            refused[why] = refused.get(why, 0) + 1
             continue
         accepted += 1
         [record] = proxy.records(session_id)
@@ -125,7 +127,8 @@ def render_ms(model: str) -> tuple[float | None, str]:
         cmd = [sys.executable, "-m", "bench.render_scale", "--calls", "60", "--context", "32768", "--model", model]
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0 or not results.exists():
-            return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+            return None, "the bench session is refused: " + last.split(": ", 1)[-1]
         figures = json.loads(results.read_text())["render_scale"]["figures"]
         return figures["incremental_ms"], f"exponent {figures['exponent_incremental']}"
 
@@ -141,7 +144,7 @@ def measure(model: str, out: Path) -> FamilyResult:
     with EngineProcess(spec) as engine, serve_proxy(engine.spec.url, out / "proxy", "local-model") as proxy:
         requests, accepted, refused, equal = replay(proxy, engine.spec.url)
         rows: list[DemoRow] = []
-        if "tools_unsupported" not in refused:  # the demo's CLIs all send tools
+        if NO_TOOLS not in refused:  # the demo's CLIs all send tools
             rows = asyncio.run(run_all(proxy, out, {env: instances[task] for env, task in TASKS.items()}))
     returned = sum(returned_calls(out / row.env, scripted // len(TASKS)) for row in rows)
     ms, how = render_ms(model)
@@ -175,7 +178,7 @@ def table(results: list[FamilyResult]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        refusals = ", ".join(f"{n} refused: {code}" for code, n in r.refused.items())
+        refusals = ", ".join(f"{n} refused: {why}" for why, n in r.refused.items())
         accepted = f"{r.accepted}/{r.requests}" + (f" ({refusals})" if refusals else "")
         if r.sessions:
             solved = f"{sum(s.reward == 1.0 for s in r.sessions)}/{len(r.sessions)}"
@@ -193,9 +196,18 @@ def table(results: list[FamilyResult]) -> str:
 
 
 def write_readme(text: str) -> None:
+    """The README's table with the measured rows replaced (rows of models not measured this time are kept)."""
     page = README.read_text()
     start, end = page.index(MARKERS[0]) + len(MARKERS[0]), page.index(MARKERS[1])
-    README.write_text(page[:start] + "\n" + text + "\n" + page[end:])
+    old = [line for line in page[start:end].splitlines() if line.startswith("| ")][1:]  # its rows, less the header
+    new = text.splitlines()
+    rows = {_stand_in(line): line for line in [*old, *new[2:]]}
+    order = [m for m in MODELS if m in rows] + [m for m in rows if m not in MODELS]
+    README.write_text(page[:start] + "\n" + "\n".join([*new[:2], *(rows[m] for m in order)]) + "\n" + page[end:])
+
+
+def _stand_in(row: str) -> str:
+    return row.split("|")[2].strip().strip("`")
 
 
 def main() -> None:
@@ -203,7 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", default=None, help="models to measure: names or model directories (default: every family)"
     )
-    parser.add_argument("--no-docs", action="store_true", help="print the table, leave the README")
+    parser.add_argument("--no-docs", action="store_true", help="print the table, leave the README's rows")
     args = parser.parse_args()
     models = args.only or MODELS
     out = Path(tempfile.mkdtemp(prefix="polar-families-"))
@@ -214,7 +226,7 @@ def main() -> None:
         print(f"{model}: measured in {time.monotonic() - t0:.0f} s", flush=True)
     text = table(results)
     print(text)
-    if not args.no_docs and args.only is None:
+    if not args.no_docs:
         write_readme(text)
     ok = sum(held(r) for r in results)
     report(

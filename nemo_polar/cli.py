@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def _proxy(args: argparse.Namespace) -> int:
     import threading
 
     from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.family_parser import unreadable_format
     from nemo_polar.proxy.serve import ProxyServer
 
     values: dict = {}
@@ -58,6 +60,9 @@ def _proxy(args: argparse.Namespace) -> int:
     if "engine_url" not in values:
         raise SystemExit("polar proxy: --engine-url (or engine_url in --config) is required")
     config = ProxyConfig.model_validate(values)
+    # A model whose sampled format cannot be read here is refused now, not at a session's first call.
+    if problem := asyncio.run(unreadable_format(config)):
+        raise SystemExit(f"polar proxy: {problem}. Run the proxy beside the model's files, or use --mode chat.")
     admin_port = args.admin_port or args.port + 1
     server = ProxyServer(config, args.host, args.port, admin_port, log_level=args.log_level, api_key=args.api_key)
     stop = threading.Event()

@@ -261,3 +261,29 @@ def test_random_admin_tokens_can_be_passed_as_option_values() -> None:
 
     tokens = {ProxyConfig(engine_url="http://127.0.0.1:1").admin_token for _ in range(1000)}
     assert len(tokens) == 1000 and not any(t.startswith("-") for t in tokens)
+
+
+def test_a_format_the_proxy_cannot_read_is_refused_at_start(tmp_path: Path) -> None:
+    """Continuation mode reads a sampled Llama 3 JSON call with vLLM's parser, which needs the model's tokenizer
+    files beside the proxy. An engine whose model directory is on another machine (a stand-in answering only the
+    model card and /tokenize, labelled so) is refused when the proxy starts, naming the parser and the directory; in
+    chat mode the engine parses, and the proxy starts."""
+    from fastapi import FastAPI
+
+    from nemo_polar.proxy.serve import BackgroundServer
+
+    remote = FastAPI()
+    remote.get("/v1/models")(lambda: {"data": [{"id": "m", "root": "/models/elsewhere", "max_model_len": 4096}]})
+    remote.post("/tokenize")(lambda: {"tokens": [1, 2]})
+    with BackgroundServer(remote) as engine:
+        base = [sys.executable, "-m", "nemo_polar.cli", "proxy", "--engine-url", engine.url]
+        base += ["--tool-call-parser", "llama3_json", "--record-dir", str(tmp_path), "--port", str(free_port())]
+        out = subprocess.run(base, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "Traceback" not in out.stderr
+        assert "'llama3_json'" in out.stderr and "/models/elsewhere" in out.stderr and "--mode chat" in out.stderr
+        proc = subprocess.Popen([*base, "--mode", "chat"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().startswith("model API")
+        finally:
+            stop_group(proc, 10)
+            proc.wait()

@@ -253,6 +253,45 @@ def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(qwen3_5: 
     assert rec2["prompt_token_ids"][: len(parent)] == parent
 
 
+@pytest.mark.parametrize("history", ["sampled", "template"])
+def test_a_history_the_template_rewrites_under_each_policy(qwen3_5: ProxyHandle, history: str) -> None:
+    """Qwen3.5's template drops an answer's reasoning once a later user query follows. ``sampled`` (the default):
+    the next call continues the exact ids sampled, reasoning included, and the session is one trace. ``template``:
+    the next call is the template's render, as the model is served at deployment: the reasoning is gone, so the
+    context is not an extension of the sample, and reconstruction starts a new segment there instead of silently
+    training on a context the model never saw. Each record names the policy it ran under."""
+    import openai
+
+    from nemo_polar.proxy.records import CallRecord
+    from nemo_polar.reconstruct.builders import prefix_merging
+
+    script = ["Let me greet.\n</think>\n\nHello.", "Again.\n</think>\n\nBye."]
+    session = qwen3_5.session(script=script, history=history, sampling_overrides={"max_tokens": 32})
+    client = openai.OpenAI(base_url=f"{qwen3_5.url}/v1", api_key=session["api_key"], max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model="local-model", messages=messages)  # type: ignore[arg-type]
+    assert first.choices[0].message.content == "Hello."
+    messages += [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "once more"}]
+    second = client.chat.completions.create(model="local-model", messages=messages)  # type: ignore[arg-type]
+    assert second.choices[0].message.content == "Bye."
+
+    rec1, rec2 = (CallRecord.model_validate(r) for r in qwen3_5.records(session["session_id"]))
+    assert rec1.history == rec2.history == history
+    sampled = rec1.prompt_token_ids + rec1.sampled_token_ids
+    extends = rec2.prompt_token_ids[: len(sampled)] == sampled
+    built = prefix_merging([rec1, rec2])
+    if history == "sampled":
+        assert rec2.render_reason == "continuation" and extends and len(built.traces) == 1
+    else:
+        assert rec2.render_reason == "template_history" and not extends and len(built.traces) == 2
+        from transformers import AutoTokenizer
+
+        from nemo_polar.paths import cache_dir
+
+        tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / QWEN3_5)
+        assert "Let me greet." in tok.decode(sampled) and "Let me greet." not in tok.decode(rec2.prompt_token_ids)
+
+
 # A template that takes one system message, first, and renders no tools (as Gemma 3's has no tool support).
 ONE_SYSTEM_NO_TOOLS = (
     "{%- for m in messages -%}"

@@ -254,6 +254,7 @@ class Proxy:
             record.render_s = time.perf_counter() - t0
             record.parent_call_id = the_plan.parent.record.call_id if the_plan.parent else None
             record.render_reason = the_plan.render_reason
+            record.history = session.config.history if session.config.mode == "continuation" else None
             record.tokenize, record.template = the_plan.tokenize, the_plan.template
             record.system_messages = the_plan.system_messages
             record.sampling = the_plan.sampling

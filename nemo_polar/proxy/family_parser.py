@@ -72,6 +72,24 @@ def family_format(info: EngineInfo, tool_parser: str | None, reasoning_parser: s
     return FamilyFormat(info.root, tool, reasoning, harmony=info.family.get("family") == "gpt_oss")
 
 
+async def unreadable_format(config: Any) -> str | None:
+    """Why a proxy with ``config`` (a ProxyConfig) could not read its engine's sampled format in continuation mode,
+    checked at start: None when it can, or when the engine does not answer yet (then the first call checks)."""
+    from nemo_polar.proxy.engine_client import EngineClient
+
+    if config.default_mode != "continuation":
+        return None  # the engine's chat endpoint parses
+    engine = EngineClient(config.engine_url, eot_token=config.eot_token, served_model=config.served_model)
+    try:
+        info = await engine.info()
+        family_format(info, config.tool_call_parser, config.reasoning_parser)
+    except ProxyError as exc:
+        return exc.message if exc.code == "parser_unavailable" else None
+    finally:
+        await engine.aclose()
+    return None
+
+
 class ParserWorker:
     """The worker process, one request at a time (a lock serialises the JSON-lines exchange)."""
 

@@ -101,6 +101,8 @@ async def plan(
         full = await renderer.render(messages, tools, kwargs, session.token_cache)
         tokenize, template = session.token_cache.how, session.token_cache.template_how
         prompt = full
+        if parent is not None and session.config.history == "template":
+            parent, reason = None, "template_history"
         if parent is not None:
             prompt, reason = _continue(parent, full, info.eot_id, info.eot_text)
             if prompt is None:

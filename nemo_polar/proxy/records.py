@@ -42,6 +42,9 @@ from nemo_polar.proxy.sampling import SamplingParams
 
 Api = Literal["chat", "responses", "anthropic"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
+# Continuation mode's history: the exact ids sampled earlier, or the model's template's render of the history (which
+# may rewrite it: Qwen3 drops reasoning before the last user query, gpt-oss drops analysis).
+History = Literal["sampled", "template"]
 
 # Bump when a field's meaning changes or a field a reader must not ignore is added; readers refuse newer records.
 # 2: prompts and requests may be stored as what they add to an earlier record; 3: those additions zlib-compressed.
@@ -90,6 +93,9 @@ class CallRecord(BaseModel):
         default=None,
         description="continuation mode: messages:<n> (the chat template ran over the last n messages only) or "
         "full:<why>",
+    )
+    history: History | None = Field(
+        default=None, description="continuation mode: the session's history policy on this call (SessionConfig)"
     )
     system_messages: str | None = Field(
         default=None,

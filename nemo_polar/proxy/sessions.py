@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
-from nemo_polar.proxy.records import CallRecord, Mode, RecordWriter, read_records
+from nemo_polar.proxy.records import CallRecord, History, Mode, RecordWriter, read_records
 from nemo_polar.proxy.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
 
@@ -56,6 +56,13 @@ class ScriptTurn(BaseModel):
 
 class SessionConfig(BaseModel):
     mode: Mode = "continuation"
+    history: History = Field(
+        default="sampled",
+        description="continuation mode: 'sampled' continues each call from the exact ids sampled before (the model "
+        "conditions on what it produced); 'template' renders the whole history with the model's template on every "
+        "call, as the model is served at deployment, so a template that rewrites earlier turns starts a new trace "
+        "segment there",
+    )
     sampling_overrides: SamplingParams = Field(
         default_factory=SamplingParams,
         description="pinned sampling parameters; max_tokens is a cap on what the harness asks for "
