@@ -145,6 +145,24 @@ def test_responses_request_and_reasoning_tool_output() -> None:
     assert json.loads(row.metadata)["ignored"] == ["tool type 'tool_search'", "tool type 'web_search'"]
 
 
+def test_the_assistant_turn_is_the_one_the_harness_was_answered_with() -> None:
+    """A record carries the turn as the proxy read it in the model's format (here gpt-oss's harmony, which no
+    in-process parser reads) and answered the harness, tool-call id included: the export takes that turn."""
+    body = load_fixture("codex", "reasoning_turn2.json")["body"]
+    harmony = (
+        "<|channel|>analysis<|message|>Look again.<|end|><|start|>assistant to=functions.exec_command"
+        '<|channel|>commentary json<|message|>{"cmd": "ls -a"}<|call|>'
+    )
+    call = {"id": "call_9f2", "name": "exec_command", "arguments": '{"cmd": "ls -a"}'}
+    output = {"content": "", "reasoning": "Look again.", "tool_calls": [call]}
+    row, _ = one_row([record("c2", "responses", body, [5, 6], [30, EOT], harmony, output=output)])
+    out = messages(row)[-1]
+    assert out["reasoning_content"] == "Look again." and out["content"] == ""
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in out["tool_calls"]] == [
+        ("call_9f2", "exec_command", '{"cmd": "ls -a"}')
+    ]
+
+
 def test_anthropic_request_with_thinking_and_tool_result() -> None:
     body = load_fixture("claude-code", "reasoning_turn2.json")["body"]
     row, _ = one_row([record("m2", "anthropic", body, [7], [40, EOT], DONE)])

@@ -359,8 +359,10 @@ class Proxy:
     async def commit(
         self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, echo_ids: list[str]
     ) -> None:
+        message = gen.output.as_message()
+        record.output = message.model_dump(mode="json", exclude_defaults=True)
         await session.writer.append(record)
-        session.commit(record, conv, gen.output.as_message(), echo_ids)
+        session.commit(record, conv, message, echo_ids)
         self.metrics.observe(record)
 
     async def fail(self, session: Session, record: CallRecord, err: ProxyError) -> None:

@@ -84,6 +84,11 @@ class CallRecord(BaseModel):
     # Records written before top_k was recorded load with top_k None (every SamplingParams field is optional).
     sampling: SamplingParams | None = Field(default=None, description="what the engine was sent (session pins applied)")
     output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")
+    output: dict[str, Any] | None = Field(
+        default=None,
+        description="the assistant turn the harness was answered with, as the proxy read the sample in the model's "
+        "format: content, reasoning, tool calls (their ids, names, JSON arguments); a conversation Message",
+    )
     started_at: float
     render_s: float | None = Field(default=None, description="time spent building the engine request")
     tokenize: str | None = Field(

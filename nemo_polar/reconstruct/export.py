@@ -83,8 +83,11 @@ def conversation(rec: CallRecord) -> Conversation:
 
 
 def output_message(rec: CallRecord, conv: Conversation) -> Message:
-    """The assistant turn a call produced, parsed from its sampled text (tool-call ids are made up: the ids the
-    harness saw are not recorded)."""
+    """The assistant turn a call produced: as the proxy read it in the model's format and answered the harness (its
+    record's ``output``), or, for records written before they carried it, parsed from the sampled text by the
+    in-process parser (hermes/qwen3_coder; tool-call ids made up)."""
+    if rec.output is not None:
+        return Message.model_validate({"role": "assistant", **rec.output})
     parser = StreamParser(param_types=conv.param_type)
     msg = Message(role="assistant")
     for ev in [*parser.feed(rec.output_text or ""), *parser.finish()]:
