@@ -63,10 +63,11 @@ def fault_app(upstream: str, kind: FaultKind, calls: Iterable[int], paths: tuple
         url = "/" + path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         index = None
-        if request.method == "POST" and "/" + path in paths:
+        # The proxy's own probes (X-Polar-Probe: is the forced-tokens processor loaded?) are not model calls.
+        if request.method == "POST" and "/" + path in paths and "x-polar-probe" not in request.headers:
             with lock:
                 index, seen["calls"] = seen["calls"], seen["calls"] + 1
-        if index in failing and kind == "drop_xargs" and b"vllm_xargs" in body:
+        if kind == "drop_xargs" and b"vllm_xargs" in body:  # every request, probes included: as such an engine does
             app.state.faulted.append(index)
             body = json.dumps({k: v for k, v in json.loads(body).items() if k != "vllm_xargs"}).encode()
             index = None  # forwarded as it now is

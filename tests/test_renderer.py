@@ -55,13 +55,16 @@ def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path
             assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
             assert time.monotonic() < deadline, "local renderer was never adopted"
             time.sleep(0.2)
-        records = proxy.records(session["session_id"])
-        assert records[0]["tokenize"] == "full:engine_tokenize"  # the first call was rendered by the engine
+        [first, *_] = proxy.records(session["session_id"])
+        assert first["tokenize"] == "full:engine_tokenize"  # the first call was rendered by the engine
+        # A new session after the switch: its first call is the local renderer's first render of it (the last call
+        # in the loop may already have been rendered locally, if the switch landed between its arrival and render).
+        after = proxy.session(sampling_overrides={"max_tokens": 2})
+        headers = {"authorization": f"Bearer {after['api_key']}"}
         assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
-        records = proxy.records(session["session_id"])
-        assert records[-1]["tokenize"] == "full:first"
-        assert records[-1]["prompt_token_ids"] == records[0]["prompt_token_ids"]  # same render either way
-        assert records[-1]["template"] == "full:first"
+        [local] = proxy.records(after["session_id"])
+        assert local["tokenize"] == "full:first" and local["template"] == "full:first"
+        assert local["prompt_token_ids"] == first["prompt_token_ids"]  # the same render either way
     assert gc.get_freeze_count() == frozen
 
 

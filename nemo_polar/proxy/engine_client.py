@@ -26,6 +26,9 @@ from nemo_polar.proxy.parser import THINK_CLOSE, THINK_OPEN
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
+PROBE_HEADER = "X-Polar-Probe"
+
+
 @dataclass
 class EngineInfo:
     model: str
@@ -73,10 +76,12 @@ class EngineClient:
     def _unreachable(self, exc: Exception) -> ProxyError:
         return ProxyError(502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable")
 
-    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        """POST, once more if a pooled connection turned out closed before any response arrived."""
+    async def _post(self, path: str, body: dict[str, Any], probe: str | None = None) -> aiohttp.ClientResponse:
+        """POST, once more if a pooled connection turned out closed before any response arrived. ``probe`` marks a
+        request the proxy makes for itself, not for a harness (``X-Polar-Probe``), so an engine-side observer can
+        tell it from model calls."""
         data = fastjson.dumps(body)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **({PROBE_HEADER: probe} if probe else {})}
         for attempt in range(2):
             try:
                 return await self.http.post(self.base_url + path, data=data, headers=headers)
@@ -87,8 +92,8 @@ class EngineClient:
                 raise self._unreachable(exc) from exc
         raise AssertionError("unreachable")
 
-    async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await self._post(path, body)
+    async def post_json(self, path: str, body: dict[str, Any], probe: str | None = None) -> dict[str, Any]:
+        resp = await self._post(path, body, probe)
         try:
             raw = await resp.read()
         except aiohttp.ClientError as exc:

@@ -108,7 +108,7 @@ async def check_forcing(engine: EngineClient) -> None:
         "vllm_xargs": {FORCED_IDS: target},
     }
     try:
-        got = (await engine.post_json("/v1/completions", body))["choices"][0].get("token_ids")
+        got = (await engine.post_json("/v1/completions", body, probe="forced-tokens"))["choices"][0].get("token_ids")
     except ProxyError as exc:
         got = exc.message
     if got != target:
