@@ -63,6 +63,8 @@ LABELS = {
     "tiny-llama3": "Llama 3.1 / 3.3",
     "tiny-gpt_oss": "gpt-oss (harmony)",
     "tiny-glm": "GLM-4.7",
+    "tiny-mistral": "Mistral NeMo 2407 (Tekken)",
+    "tiny-deepseek": "DeepSeek V3.1 (its template renders no tools)",
     "tiny-gemma": "Gemma 3 (no tool support)",
 }
 

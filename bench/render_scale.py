@@ -71,9 +71,10 @@ def session(calls: int, context: int) -> Iterator[list[dict[str, Any]]]:
     ]
     for i in range(calls):
         yield messages
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
+        ident = f"call{i:05d}"  # 9 letters and digits: the one id form every template takes (Mistral's no other)
+        call = {"id": ident, "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
         messages.append({"role": "assistant", "content": text(rng, step // 4), "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": text(rng, 3 * step // 4)})
+        messages.append({"role": "tool", "tool_call_id": ident, "content": text(rng, 3 * step // 4)})
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.family_parser import FamilyFormat, ParserWorker, ParserWorkerError
+from nemo_polar.proxy.family_parser import FamilyFormat, ParserWorker, ParserWorkerError, sampled_call_ids
 from nemo_polar.proxy.parser import ParseEvent
 
 TOOLS = [
@@ -79,6 +79,18 @@ CASES: dict[str, tuple[str, str, str | None, str, str, str | None, str | None, l
     "glm-reasoning-text": (
         "tiny-glm", "glm47", "glm45", "Hmm.</think>Hello world.", "<|user|>", "Hmm.", "Hello world.", [],
     ),
+    "mistral-calls": (
+        "tiny-mistral", "mistral", None,
+        'Listing.[TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}, "id": "abc123DEF"}, '
+        '{"name": "bash", "arguments": {"command": "ls -la", "timeout": 30}, "id": "Zz9Yy8Xx7"}]', "</s>",
+        None, "Listing.", [("bash", LS), ("bash", LS_30)],
+    ),
+    "deepseek-call": (
+        "tiny-deepseek", "deepseek_v31", "deepseek_v3",
+        "Let me see.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>bash<｜tool▁sep｜>"
+        '{"command": "ls"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "<｜end▁of▁sentence｜>",
+        None, "Let me see.", [("bash", LS)],
+    ),
     "qwen3-hermes-text-call": (
         "tiny-qwen3", "hermes", None,
         'Sure.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', "<|im_end|>",
@@ -126,6 +138,9 @@ def test_a_family_sample_parses_streamed_and_whole(worker: ParserWorker, case: s
         seen = text
     events += stream.feed("", [tok.convert_tokens_to_ids(stop)], finished=True)  # the stop token: an id, no text
     assert _events(events) == tuple(expected)
+
+    # Mistral's calls carry the model's own ids, which vLLM's parser drops (it mints random ones): read from the text.
+    assert sampled_call_ids(tool_parser, seen) == (["abc123DEF", "Zz9Yy8Xx7"] if tool_parser == "mistral" else [])
 
     whole = worker.parse(fmt, seen, [*ids, tok.convert_tokens_to_ids(stop)], tools=TOOLS, prompt_token_ids=prompt)
     calls = [(c["name"], json.loads(c["arguments"])) for c in whole["tool_calls"]]

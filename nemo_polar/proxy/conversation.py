@@ -10,6 +10,7 @@ compares.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -23,6 +24,8 @@ class ToolCall(BaseModel):
     name: str
     arguments: str = "{}"  # JSON text of the arguments object
     kind: Literal["function", "custom"] = "function"
+    # The id the model itself wrote for this call, where its format carries one (Mistral's); the harness sees ``id``.
+    template_id: str | None = Field(default=None, exclude=True)
 
 
 class Message(BaseModel):
@@ -101,9 +104,17 @@ class TemplateTraits(BaseModel):
     merge_leading: bool = False  # the template refuses or drops a second system message before any other turn
     later_as_user: bool = False  # the template refuses or drops a system message after the first other turn
     renders_tools: bool = True  # False: the template renders a conversation the same with or without tools
+    # The template refuses two user messages in a row (Mistral's strict alternation): they are joined, as
+    # mistral-common joins them. Codex's leading system messages, merged, are followed by two user messages.
+    join_users: bool = False
+    # The template refuses call ids other than 9 letters and digits (Mistral's): see ``template_call_id``.
+    call_ids: Literal["as_sent", "alnum9"] = "as_sent"
 
-    def apply(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
-        """The messages as this template takes them, and what was done (None: nothing)."""
+    def apply(
+        self, messages: list[dict[str, Any]], sampled_ids: dict[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The messages as this template takes them, and what was done (None: nothing). ``sampled_ids`` maps the
+        ids the harness saw to those the model wrote, for ``call_ids``."""
         lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
         notes = []
         out = messages
@@ -117,7 +128,51 @@ class TemplateTraits(BaseModel):
             if later:
                 out = [{**m, "role": "user"} if i in later else m for i, m in enumerate(out)]
                 notes.append("as_user:" + ",".join(str(i) for i in later))
+        if self.join_users:
+            joined_users: list[dict[str, Any]] = []
+            for m in out:
+                if joined_users and m["role"] == "user" == joined_users[-1]["role"]:
+                    joined_users[-1] = {
+                        **joined_users[-1],
+                        "content": joined_users[-1]["content"] + "\n\n" + m["content"],
+                    }
+                else:
+                    joined_users.append(m)
+            if len(joined_users) < len(out):
+                notes.append(f"users_joined:{len(out) - len(joined_users)}")
+                out = joined_users
+        if self.call_ids == "alnum9":
+            out = [_with_template_ids(m, sampled_ids or {}) for m in out]
         return out, " ".join(notes) or None
+
+
+_ALNUM9 = re.compile(r"[A-Za-z0-9]{9}")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def template_call_id(harness_id: str, sampled_ids: dict[str, str]) -> str:
+    """The 9-character id a Mistral-style template takes for a call the harness knows as ``harness_id``: the id the
+    model wrote for it (so a tool result answers the call as the model sampled it), else the harness's own id where
+    it already qualifies, else one derived from it (the same on every render, so renders stay append-only)."""
+    if harness_id in sampled_ids:
+        return sampled_ids[harness_id]
+    if _ALNUM9.fullmatch(harness_id):
+        return harness_id
+    n = int.from_bytes(hashlib.sha256(harness_id.encode()).digest()[:8], "big")
+    return "".join(_BASE62[(n // 62**k) % 62] for k in range(9))
+
+
+def valid_template_id(ident: Any) -> bool:
+    return isinstance(ident, str) and _ALNUM9.fullmatch(ident) is not None
+
+
+def _with_template_ids(message: dict[str, Any], sampled_ids: dict[str, str]) -> dict[str, Any]:
+    if message.get("tool_calls"):
+        calls = [{**c, "id": template_call_id(c.get("id") or "", sampled_ids)} for c in message["tool_calls"]]
+        return {**message, "tool_calls": calls}
+    if message["role"] == "tool":
+        return {**message, "tool_call_id": template_call_id(message.get("tool_call_id") or "", sampled_ids)}
+    return message
 
 
 class Conversation(BaseModel):
@@ -143,7 +198,10 @@ class Conversation(BaseModel):
     def placed_messages(self, traits: TemplateTraits | None) -> tuple[list[dict[str, Any]], str | None]:
         """The messages the chat template renders, with system messages placed where it takes them."""
         messages = [m.to_template() for m in self.messages]
-        return traits.apply(messages) if traits is not None else (messages, None)
+        if traits is None:
+            return messages, None
+        sampled = {c.id: c.template_id for m in self.messages for c in m.tool_calls if c.template_id}
+        return traits.apply(messages, sampled)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.to_template() for t in self.tools] or None

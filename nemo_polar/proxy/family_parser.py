@@ -32,6 +32,23 @@ IN_PROCESS_TOOL_PARSERS = {None, "hermes", "qwen3_coder"}
 IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
 
 
+def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
+    """The ids the model wrote for its calls, in order, where the family's format carries them and vLLM's parser
+    drops them (Mistral's ``[TOOL_CALLS][{..., "id": "..."}]``: its parser mints random ones)."""
+    if tool_parser != "mistral" or MISTRAL_CALLS not in text:
+        return []
+    try:
+        calls, _ = json.JSONDecoder().raw_decode(text.split(MISTRAL_CALLS, 1)[1].lstrip())
+    except ValueError:
+        return []
+    if not isinstance(calls, list):
+        return []
+    return [c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None for c in calls]
+
+
+MISTRAL_CALLS = "[TOOL_CALLS]"
+
+
 class ParserWorkerError(RuntimeError):
     pass
 
@@ -163,7 +180,7 @@ class ParserWorker:
             chat_template_kwargs=chat_template_kwargs,
             **fmt.fields(),
         )
-        return FamilyStream(self, sid, skip_special_tokens=reply["sampling"]["skip_special_tokens"])
+        return FamilyStream(self, sid, reply["sampling"]["skip_special_tokens"], fmt.tool_parser)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -185,6 +202,7 @@ class FamilyStream:
     worker: ParserWorker
     sid: str
     skip_special_tokens: bool  # what the family's parsers ask of the engine's detokeniser
+    tool_parser: str | None = None
     _calls: dict[int, dict[str, str]] = field(default_factory=dict)
     _closed: bool = False
 

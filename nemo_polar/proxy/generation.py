@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 
 from nemo_polar.proxy import scripted
-from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
+from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall, valid_template_id
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.family_parser import FamilyStream, ParserWorkerError
+from nemo_polar.proxy.family_parser import FamilyStream, ParserWorkerError, sampled_call_ids
 from nemo_polar.proxy.output import Output
 from nemo_polar.proxy.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.renderer import Renderer
@@ -394,6 +394,9 @@ class Generation:
         out.finish_reason = "tool_calls" if out.tool_calls and cap.finish_reason == "stop" else cap.finish_reason
         if out.finish_reason not in ("stop", "length", "tool_calls"):
             out.finish_reason = "stop"
+        if self.family is not None:
+            for call, ident in zip(out.tool_calls, sampled_call_ids(self.family.tool_parser, cap.text), strict=False):
+                call.template_id = ident if valid_template_id(ident) else None
         out.prompt_tokens = len(cap.prompt_token_ids) or cap.prompt_tokens
         out.completion_tokens = len(cap.sampled_token_ids)
 

@@ -18,23 +18,28 @@ it and is safe to hand to the next.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 
 def as_vllm_sees_it(message: dict[str, Any]) -> dict[str, Any]:
-    """vLLM hands HF templates tool-call arguments as parsed objects, not JSON strings."""
+    """vLLM hands HF templates tool-call arguments as parsed objects, not JSON strings (anything but a JSON object
+    becomes ``{}``: vllm/renderers/chat_utils.py ``_postprocess_messages``), in a function object whose keys come in
+    the order of the OpenAI SDK's ``Function`` type it was validated as (``arguments``, then ``name``): a template that
+    writes the object whole (Mistral's ``function|tojson``) writes them in that order."""
     calls = message.get("tool_calls")
     if not calls:
         return message
     parsed = []
     for call in calls:
         fn = dict(call["function"])
-        if isinstance(fn.get("arguments"), str):
-            with contextlib.suppress(json.JSONDecodeError):
-                fn["arguments"] = json.loads(fn["arguments"])
-        parsed.append({**call, "function": fn})
+        arguments = fn.pop("arguments", None)
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments else {}
+            except json.JSONDecodeError:
+                arguments = {}
+        parsed.append({**call, "function": {"arguments": arguments if isinstance(arguments, dict) else {}, **fn}})
     return {**message, "tool_calls": parsed}
 
 

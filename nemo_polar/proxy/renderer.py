@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jinja2 import TemplateError, TemplateSyntaxError
+from jinja2 import TemplateSyntaxError
 
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.conversation import TemplateTraits
@@ -36,12 +36,14 @@ PROBE_TOOLS = [
     {"type": "function", "function": {"name": "bash", "description": "Run a command. Ünïcode & <tags>.",
      "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
 ]  # fmt: skip
+PROBE_ID = "call00001"  # 9 letters and digits: the one id form every template takes (Mistral's takes no other)
 PROBE_MESSAGES = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "list the files\n  please"},
     {"role": "assistant", "content": "", "reasoning": "Let me look.", "reasoning_content": "Let me look.",
-     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "README.md\nhello.py"},
+     "tool_calls": [{"id": PROBE_ID, "type": "function",
+                     "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
+    {"role": "tool", "tool_call_id": PROBE_ID, "content": "README.md\nhello.py"},
     {"role": "assistant", "content": "Two files."},
     {"role": "user", "content": "thanks"},
 ]  # fmt: skip
@@ -76,11 +78,21 @@ _LATER_SYSTEM = [
 ]
 
 
+def _tool_turn(ident: str) -> list[dict[str, Any]]:
+    call = {"id": ident, "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+    return [
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": ident, "content": "README.md"},
+    ]
+
+
 async def probe_template(renderer: Renderer) -> TemplateTraits:
-    """Which system-message placements the template refuses (a client error on render) or silently drops (the
-    render is the same without that message: gpt-oss's renders only the first system message),
-    and whether it renders tools at all (Gemma 3's has no tool support: the model would never see them), tried
-    once each."""
+    """Which system-message placements the template refuses (a client error on render), silently drops (the
+    render is the same without that message: gpt-oss's renders only the first system message) or moves (DeepSeek
+    V3.1's gathers every system message at the top, which would rewrite the prefix), whether it renders tools at
+    all (Gemma 3's has no tool support: the model would never see them), whether it takes two user messages in a
+    row and call ids of the harnesses' own forms (Mistral's takes neither), tried once each."""
 
     async def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int] | None:
         return await _render_or_none(renderer, messages, tools)
@@ -90,12 +102,25 @@ async def probe_template(renderer: Renderer) -> TemplateTraits:
         full = await ids(messages)
         return full is not None and full != await ids(messages[:index] + messages[index + 1 :])
 
+    async def moves(messages: list[dict[str, Any]], index: int) -> bool:
+        """The template renders ``messages[index]`` before the messages that precede it: the renders with and without
+        it part before the end of the turns before it (where the render of those alone parts from them)."""
+        full, without = await ids(messages), await ids(messages[:index] + messages[index + 1 :])
+        before = await ids(messages[: index - 1])
+        if full is None or without is None or before is None:
+            return False
+        return common_prefix(full, without) < common_prefix(before, without)
+
     chat = [{"role": "user", "content": "list the files"}]
     with_tools = await ids(chat, PROBE_TOOLS)
+    two_users = [{"role": "user", "content": "list the files"}, {"role": "user", "content": "in this directory"}]
+    harness_ids = await ids(_tool_turn("call_Xy12ab"), PROBE_TOOLS)
     return TemplateTraits(
         merge_leading=not await takes(_LEADING_SYSTEMS, 1),
-        later_as_user=not await takes(_LATER_SYSTEM, 3),
+        later_as_user=not await takes(_LATER_SYSTEM, 3) or await moves(_LATER_SYSTEM, 3),
         renders_tools=with_tools is not None and with_tools != await ids(chat),
+        join_users=await ids(two_users) is None and await ids(two_users[:1]) is not None,
+        call_ids="alnum9" if harness_ids is None and await ids(_tool_turn(PROBE_ID), PROBE_TOOLS) else "as_sent",
     )
 
 
@@ -240,7 +265,7 @@ class LocalRenderer:
     ) -> list[int]:
         try:
             return await asyncio.to_thread(self.render_sync, messages, tools, kwargs, cache)
-        except TemplateError as exc:
+        except Exception as exc:  # whatever the template raises for this input: a 400, as vLLM answers it
             raise template_refused(exc) from None
 
 

@@ -87,7 +87,7 @@ async def turn_ids(
 def _next_message(turn: ScriptTurn) -> dict[str, Any]:
     """What follows the turn in a session: the first call's result, or the user's next message."""
     if turn.tool_calls:
-        return {"role": "tool", "tool_call_id": "call_0", "content": "ok"}
+        return {"role": "tool", "tool_call_id": "call00000", "content": "ok"}
     return {"role": "user", "content": "Go on."}
 
 

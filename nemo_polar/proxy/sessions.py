@@ -43,7 +43,11 @@ class ScriptTurn(BaseModel):
 
     def message(self) -> dict[str, Any]:
         calls = [
-            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            {
+                "id": f"call{i:05d}",  # 9 letters and digits: the one id form every template takes
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
             for i, c in enumerate(self.tool_calls)
         ]
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
