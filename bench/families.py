@@ -42,7 +42,7 @@ from nemo_polar.demo import TASKS, DemoRow, run_all
 from nemo_polar.engine.build_models import FAMILIES
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.env.rollout import serve_proxy
-from nemo_polar.proxy.apis import get_adapter
+from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import EngineRenderer, probe_template
@@ -54,8 +54,6 @@ README = ROOT / "README.md"
 NO_TOOLS = "template renders no tools"
 MARKERS = ("<!-- families:table -->", "<!-- /families:table -->")
 MODELS = ["tiny-qwen3", *(f.stand_in for f in FAMILIES.values())]
-API = {"chat-completions": "chat", "responses": "responses", "anthropic-messages": "anthropic"}
-PATHS = {"chat-completions": "/v1/chat/completions", "responses": "/v1/responses", "anthropic-messages": "/v1/messages"}
 LABELS = {
     "tiny-qwen3": "the project's ChatML + hermes tools (Qwen vocabulary)",
     "tiny-qwen3_hf": "Qwen3 (Qwen3-8B's template)",
@@ -91,7 +89,7 @@ def replay(proxy: ProxyClient, engine_url: str) -> tuple[int, int, dict[str, int
         engine = EngineClient(engine_url)
         try:
             traits = await probe_template(EngineRenderer(engine))
-            conv = get_adapter(API[api]).parse(body)
+            conv = get_adapter(CAPTURED_APIS[api]).parse(body)
             tools = conv.template_tools() if conv.tool_choice != "none" else None
             return await EngineRenderer(engine).render(conv.template_messages(traits), tools, {})
         finally:
@@ -101,10 +99,13 @@ def replay(proxy: ProxyClient, engine_url: str) -> tuple[int, int, dict[str, int
     refused: dict[str, int] = {}
     for fixture in fixtures:
         session_id, key = proxy.create_session({"sampling_overrides": {"max_tokens": 8, "temperature": 0.0}})
-        body = {**fixture["body"], "stream": False}
+        body = dict(fixture["body"])  # answered as one JSON body
+        if "stream" in body:
+            body["stream"] = False
         body.pop("stream_options", None)
-        headers = {"authorization": f"Bearer {key}", "x-api-key": key}
-        resp = httpx.post(f"{proxy.url}{PATHS[fixture['api']]}", json=body, headers=headers, timeout=300)
+        headers = {"authorization": f"Bearer {key}", "x-api-key": key, "x-goog-api-key": key}
+        path = fixture["path"].replace(":streamGenerateContent?alt=sse", ":generateContent")
+        resp = httpx.post(f"{proxy.url}{path}", json=body, headers=headers, timeout=300)
         if resp.status_code != 200:
             [record] = proxy.records(session_id)  # the failed record says why, whatever the API's error shape
             why = NO_TOOLS if "renders no tools" in (record.error or "") else str(resp.status_code)

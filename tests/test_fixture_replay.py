@@ -49,6 +49,8 @@ def _send(proxy: ProxyHandle, api_key: str, fixture: dict[str, Any], stream: boo
         else:
             final = client.responses.create(**known, extra_body=extra)
         return {"text": final.output_text, "finish": final.status, "usage": final.usage}
+    if api == "gemini-generate-content":
+        return _send_gemini(proxy, api_key, fixture, stream)
     client = anthropic.Anthropic(base_url=proxy.url, api_key=api_key, max_retries=0)
     known, extra = _split(body, ("model", "messages", "max_tokens"))
     extra.pop("stream")
@@ -61,6 +63,28 @@ def _send(proxy: ProxyHandle, api_key: str, fixture: dict[str, Any], stream: boo
         final = client.beta.messages.create(**known, extra_body=extra, timeout=120)
     text = "".join(b.text for b in final.content if b.type == "text")
     return {"text": text, "finish": final.stop_reason, "usage": final.usage}
+
+
+def _send_gemini(proxy: ProxyHandle, api_key: str, fixture: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """Google's own SDK (google-genai: the Python twin of the @google/genai that Gemini CLI bundles), the model named
+    in the path as the harness named it."""
+    from google import genai
+    from google.genai import types
+
+    body = fixture["body"]
+    model = _path_model(fixture)
+    client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=proxy.url))
+    config = types.GenerateContentConfig.model_validate(
+        {**body["generationConfig"], "systemInstruction": body.get("systemInstruction"), "tools": body.get("tools")}
+    )
+    if stream:
+        chunks = list(client.models.generate_content_stream(model=model, contents=body["contents"], config=config))
+    else:
+        chunks = [client.models.generate_content(model=model, contents=body["contents"], config=config)]
+    parts = [p for c in chunks for p in (c.candidates[0].content.parts or [])]
+    finish = chunks[-1].candidates[0].finish_reason
+    text = "".join(p.text for p in parts if p.text and not p.thought)
+    return {"text": text, "finish": finish.name.lower() if finish else None, "usage": chunks[-1].usage_metadata}
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "nonstream"])
@@ -79,7 +103,8 @@ def test_fixture_replays(proxy: ProxyHandle, engine_url: str, harness: str, name
     assert len(records) == 1
     rec = records[0]
     assert rec["complete"] and rec["error"] is None
-    assert rec["request"]["model"] == fixture["body"]["model"]
+    named = fixture["body"]["model"] if "model" in fixture["body"] else "models/" + _path_model(fixture)
+    assert rec["request"]["model"] == named  # Google's API names it in the path
     assert rec["sampling"]["max_tokens"] == MAX_TOKENS and rec["sampling"]["temperature"] == 0.0
     assert len(rec["sampled_token_ids"]) == len(rec["sampled_logprobs"]) > 0
     assert rec["finish_reason"] == "length"  # random weights never stop within 12 tokens
@@ -88,6 +113,10 @@ def test_fixture_replays(proxy: ProxyHandle, engine_url: str, harness: str, name
     assert proxy.disk_records(session["session_id"]) == records  # durable copy equals the API's
 
     assert_engine_sampled(engine_url, "tiny-qwen3", rec)
+
+
+def _path_model(fixture: dict[str, Any]) -> str:
+    return fixture["path"].split("/models/", 1)[1].split(":", 1)[0]
 
 
 def assert_engine_sampled(engine_url: str, model: str, rec: dict[str, Any]) -> None:

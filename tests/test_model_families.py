@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nemo_polar.proxy.apis import get_adapter
+from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import EngineRenderer
@@ -30,7 +30,6 @@ pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 12
 QWEN3_5 = "tiny-qwen3_5"  # Qwen3.5-4B's tokenizer and template: the paper's model
-API = {"chat-completions": "chat", "responses": "responses", "anthropic-messages": "anthropic"}
 # What each family's own template takes, as the proxy's probe must find it: Qwen3.5's refuses a second or a later
 # system message, gpt-oss's renders only the first, Gemma 3's refuses both and renders no tools.
 TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests after them
@@ -108,7 +107,7 @@ def qwen3_5(serve: OneFamilyAtATime) -> ProxyHandle:
 
 def _engine_render(engine_url: str, fixture: dict[str, Any], traits: TemplateTraits) -> list[int]:
     """The engine's own render (``/tokenize`` with the model's template) of the conversation the proxy parsed."""
-    conv = get_adapter(API[fixture["api"]]).parse(fixture["body"])
+    conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
 
     async def render() -> list[int]:
         engine = EngineClient(engine_url)
@@ -135,12 +134,9 @@ def _probed(handle: ProxyHandle) -> TemplateTraits | None:
     return handle.apps.proxy._traits
 
 
-PATHS = {"chat-completions": "/v1/chat/completions", "responses": "/v1/responses", "anthropic-messages": "/v1/messages"}
-
-
 def _post(handle: ProxyHandle, api_key: str, fixture: dict[str, Any]) -> httpx.Response:
     headers = {"authorization": f"Bearer {api_key}", "x-api-key": api_key}
-    return httpx.post(f"{handle.url}{PATHS[fixture['api']]}", json=fixture["body"], headers=headers, timeout=120)
+    return httpx.post(f"{handle.url}{fixture['path']}", json=fixture["body"], headers=headers, timeout=120)
 
 
 def test_a_conversation_the_template_refuses_is_a_400_with_a_record(qwen3_5: ProxyHandle) -> None:
@@ -497,7 +493,7 @@ def test_every_cli_request_replays_on_the_family_model(
     overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
     traits = TRAITS[family]
     assert _probed(family_proxy) == traits
-    conv = get_adapter(API[fixture["api"]]).parse(fixture["body"])
+    conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
     if conv.tools and not traits.renders_tools:  # Gemma 3: the model would never see the tools
         session = family_proxy.session(sampling_overrides=overrides)
         response = _post(family_proxy, session["api_key"], fixture)

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import verified_local_renderer
 from tests.conftest import all_fixtures, load_fixture, make_proxy
-
-PARSE = {"chat-completions": chat.parse, "responses": responses.parse, "anthropic-messages": anthropic.parse}
 
 
 @pytest.mark.anyio
@@ -26,7 +24,7 @@ async def test_local_render_equals_engine_render_on_every_fixture(engine_url: st
         assert local is not None, "the engine's model directory is local, so the local renderer must verify"
         for harness, name in all_fixtures():
             fixture = load_fixture(harness, name)
-            conv = PARSE[fixture["api"]](fixture["body"])
+            conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
             messages, tools = conv.template_messages(), conv.template_tools()
             for kwargs in ({}, {"enable_thinking": False}):
                 assert local.render_sync(messages, tools, kwargs) == await engine.tokenize_chat(

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
+from nemo_polar.proxy.apis.gemini import model_field
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
@@ -100,6 +101,21 @@ class ProxyConfig(BaseModel):
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+GEMINI_VERSIONS = {"v1beta", "v1", "v1alpha"}
+GEMINI_METHODS = {"generateContent", "streamGenerateContent", "countTokens"}
+
+
+def _gemini_model(name: str, max_len: int | None) -> dict[str, Any]:
+    """A Gemini API ``Model`` resource for a served name."""
+    return {
+        "name": model_field(name),
+        "baseModelId": name,
+        "version": "1",
+        "displayName": name,
+        "inputTokenLimit": max_len or 0,
+        "outputTokenLimit": max_len or 0,
+        "supportedGenerationMethods": sorted(GEMINI_METHODS),
+    }
 
 
 class Proxy:
@@ -152,7 +168,10 @@ class Proxy:
     # -- auth and input -----------------------------------------------------------------------------
     def authenticate(self, request: Request) -> Session:
         auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        # Anthropic's header; Google's header, or its ``key`` query parameter
+        key = key or request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or ""
+        key = key or request.query_params.get("key", "")
         session = self.sessions.by_key(key) if key else None
         if session is None:
             raise ProxyError(
@@ -213,7 +232,11 @@ class Proxy:
             )
 
     # -- model calls --------------------------------------------------------------------------------
-    async def call(self, api: Api, request: Request) -> Response:
+    async def call(
+        self, api: Api, request: Request, *, path_model: str | None = None, stream: bool | None = None
+    ) -> Response:
+        """One model call. Google's API names the model in the path (``path_model``: kept in the recorded body as
+        its ``model`` field, and served whatever it names) and streams by its method (``stream``)."""
         adapter = get_adapter(api)
         try:
             session = self.authenticate(request)
@@ -237,9 +260,14 @@ class Proxy:
             raw = self.decode_body(raw, request.headers.get("content-encoding", "identity"))
             record.request = raw.decode("utf-8", errors="replace")
             body = self.parse_json(raw)
+            if path_model is not None and isinstance(body, dict):
+                body = {**body, "model": model_field(path_model)}
             record.request = body
             conv = adapter.parse(body)
-            await self.check_model(conv.model, session)
+            if stream is not None:
+                conv.stream = stream
+            if path_model is None:  # a harness's side calls name the provider's own models: any is served
+                await self.check_model(conv.model, session)
             session.restore(conv)
             record.reached("parsed")
             ticket = await self.admission.enter()  # waits while the trainer syncs weights
@@ -371,19 +399,22 @@ class Proxy:
         session.commit(record, None, None, [])
         self.metrics.observe(record, err.code)
 
-    async def count_tokens(self, api: Api, request: Request) -> Response:
+    async def count_tokens(self, api: Api, request: Request, *, path_model: str | None = None) -> Response:
         adapter = get_adapter(api)
         assert adapter.parse_count is not None, f"{api} has no token-count request"
         try:
             session = self.authenticate(request)
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
-            conv = adapter.parse_count(self.parse_json(raw))
+            body = self.parse_json(raw)
+            if path_model is not None and isinstance(body, dict):
+                body = {**body, "model": model_field(path_model)}
+            conv = adapter.parse_count(body)
             kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
             messages = conv.template_messages(await self.template_traits())
             ids = await self.current_renderer().render(messages, conv.template_tools(), kwargs)
         except ProxyError as err:
             return error_response(api, err)
-        return JSONResponse({"input_tokens": len(ids)})
+        return JSONResponse(adapter.count_response(len(ids)))
 
 
 def _internal(exc: Exception) -> ProxyError:
@@ -518,6 +549,31 @@ def _model_app(proxy: Proxy) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         return await proxy.count_tokens("anthropic", request)
+
+    # Google's Gemini API: /{version}/models/{model}:{method}, the version as the SDK is configured (v1beta).
+    @app.post("/{version}/models/{target}")
+    async def gemini(version: str, target: str, request: Request) -> Response:
+        model, _, method = target.partition(":")
+        if version not in GEMINI_VERSIONS or method not in GEMINI_METHODS or not model:
+            err = ProxyError(404, f"unknown method {target!r}; expected one of {sorted(GEMINI_METHODS)}")
+            return error_response("gemini", err)
+        if method == "countTokens":
+            return await proxy.count_tokens("gemini", request, path_model=model)
+        return await proxy.call("gemini", request, path_model=model, stream=method == "streamGenerateContent")
+
+    @app.get("/{version}/models")
+    async def gemini_models(version: str) -> Response:
+        if version not in GEMINI_VERSIONS:
+            return error_response("gemini", ProxyError(404, f"unknown API version {version!r}"))
+        info = await proxy.engine.info()
+        names = [info.model, *config.model_aliases]
+        return JSONResponse({"models": [_gemini_model(n, info.max_model_len) for n in names]})
+
+    @app.get("/{version}/models/{model}")
+    async def gemini_model(version: str, model: str) -> Response:
+        if version not in GEMINI_VERSIONS:
+            return error_response("gemini", ProxyError(404, f"unknown API version {version!r}"))
+        return JSONResponse(_gemini_model(model, (await proxy.engine.info()).max_model_len))
 
     return app
 

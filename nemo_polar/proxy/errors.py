@@ -41,7 +41,29 @@ class ProxyError(Exception):
         self.param = param
 
 
+# Google's canonical status names (google.rpc.Code) per HTTP status.
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    415: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
 def error_body(api: str, err: ProxyError) -> dict[str, Any]:
+    if api == "gemini":
+        return {
+            "error": {"code": err.status, "message": err.message, "status": _GOOGLE_STATUS.get(err.status, "INTERNAL")}
+        }
     if api == "anthropic":
         kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": err.message}}

@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from nemo_polar.proxy.prefix import common_prefix, common_suffix
 from nemo_polar.proxy.sampling import SamplingParams
 
-Api = Literal["chat", "responses", "anthropic"]
+Api = Literal["chat", "responses", "anthropic", "gemini"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
 # Continuation mode's history: the exact ids sampled earlier, or the model's template's render of the history (which
 # may rewrite it: Qwen3 drops reasoning before the last user query, gpt-oss drops analysis).
@@ -105,7 +105,8 @@ class CallRecord(BaseModel):
     system_messages: str | None = Field(
         default=None,
         description="where the model's template refuses system messages where the harness put them: merged:<n> "
-        "(the n leading ones joined into one) and/or as_user:<i,...> (later ones rendered as user turns in place); "
+        "(the n leading ones joined into one) and/or as_user:<i,...> (later ones rendered as user turns in place), "
+        "users_joined:<n> (n user messages joined to the one before them, for a template that refuses two in a row); "
         "None when they were rendered as sent (TemplateTraits)",
     )
     stages: dict[str, float] = Field(

@@ -115,7 +115,14 @@ def _system_and_tools(record: CallRecord) -> tuple[str, int]:
     tools = body.get("tools")
     n_tools = len(tools) if isinstance(tools, list) else 0
     parts: list = []
-    if record.api == "anthropic":
+    if record.api == "gemini":  # one tools entry holds every declaration; fields by JSON or proto name
+        declared = [
+            t.get("functionDeclarations", t.get("function_declarations")) for t in tools or [] if isinstance(t, dict)
+        ]
+        n_tools = sum(len(d) for d in declared if isinstance(d, list))
+        system = body.get("systemInstruction", body.get("system_instruction"))
+        parts.append(system.get("parts") if isinstance(system, dict) else system)
+    elif record.api == "anthropic":
         parts.append(body.get("system"))
     else:
         if record.api == "responses":

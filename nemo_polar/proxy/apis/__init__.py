@@ -4,7 +4,7 @@ Each API's module ends with its :class:`~nemo_polar.proxy.apis.adapter.ApiAdapte
 
 from __future__ import annotations
 
-from nemo_polar.proxy.apis import anthropic, chat, responses
+from nemo_polar.proxy.apis import anthropic, chat, gemini, responses
 from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.records import Api
 
@@ -14,7 +14,18 @@ ADAPTERS: dict[Api, ApiAdapter] = {
         chat.ADAPTER,
         responses.ADAPTER,
         anthropic.ADAPTER,
+        gemini.ADAPTER,
     )
+}
+
+
+# The ``api`` names of captured harness requests (one JSON object per request: harness, api, path, headers, body), as
+# tests/fixtures/harness_requests and bench.families replay them.
+CAPTURED_APIS: dict[str, Api] = {
+    "chat-completions": "chat",
+    "responses": "responses",
+    "anthropic-messages": "anthropic",
+    "gemini-generate-content": "gemini",
 }
 
 
@@ -25,4 +36,4 @@ def get_adapter(api: Api) -> ApiAdapter:
     return ADAPTERS[api]
 
 
-__all__ = ["ADAPTERS", "ApiAdapter", "get_adapter"]
+__all__ = ["ADAPTERS", "CAPTURED_APIS", "ApiAdapter", "get_adapter"]

@@ -30,4 +30,6 @@ class ApiAdapter:
     new_tool_call_id: Callable[[], str]
     """A fresh id, in this API's format, for a tool call the model made."""
     parse_count: Callable[[Any], Conversation] | None = None
-    """The body of this API's token-count request (``/v1/messages/count_tokens``), if it has one."""
+    """The body of this API's token-count request (``/v1/messages/count_tokens``, ``:countTokens``), if it has one."""
+    count_response: Callable[[int], dict[str, Any]] = lambda n: {"input_tokens": n}
+    """The token-count response for ``n`` prompt tokens."""
