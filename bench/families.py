@@ -63,6 +63,7 @@ LABELS = {
     "tiny-glm": "GLM-4.7",
     "tiny-mistral": "Mistral NeMo 2407 (Tekken)",
     "tiny-deepseek": "DeepSeek V3.1 (its template renders no tools)",
+    "tiny-nemotron3_nano": "Nemotron 3 Nano (template only: stand-in tokenizer)",
     "tiny-gemma": "Gemma 3 (no tool support)",
 }
 

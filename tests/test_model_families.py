@@ -42,6 +42,8 @@ TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests afte
     # 9 characters; DeepSeek V3.1's moves every system message to the top and renders no tools.
     "tiny-mistral": TemplateTraits(merge_leading=True, later_as_user=True, join_users=True, call_ids="alnum9"),
     "tiny-deepseek": TemplateTraits(later_as_user=True, renders_tools=False),
+    # Template only: the family's template and parsers over a stand-in tokenizer carrying its special tokens.
+    "tiny-nemotron3_nano": TemplateTraits(),
     "tiny-llama3": TemplateTraits(),
 }
 PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its polar-family.json names them
@@ -53,6 +55,7 @@ PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its p
     "tiny-gemma": (None, None),
     "tiny-mistral": ("mistral", None),
     "tiny-deepseek": ("deepseek_v31", "deepseek_v3"),
+    "tiny-nemotron3_nano": ("qwen3_coder", "nemotron_v3"),
 }
 
 BASH = {
@@ -259,6 +262,8 @@ def test_the_family_directory_names_its_parsers(model: str) -> None:
     path, name, max_len = resolve_model(model)
     [folder] = [f.folder for f in FAMILIES.values() if f.stand_in == model]
     assert model_family(path)["family"] == folder and (name, max_len) == (model, 32768)
+    # A template-only family's directory says its tokenizer is a stand-in (the fidelity table labels its row so).
+    assert bool(model_family(path).get("tokenizer_stand_in")) == (model == "tiny-nemotron3_nano")
     cmd, _ = EngineSpec(model=model).command()
     tool, reasoning = PARSERS[model]
     assert (cmd[cmd.index("--tool-call-parser") + 1] if tool else "--tool-call-parser" not in cmd) == (tool or True)

