@@ -131,8 +131,8 @@ def test_one_adapter_per_api() -> None:
         defined += [v for v in vars(module).values() if isinstance(v, ApiAdapter)]
     assert sorted(a.name for a in defined) == sorted(ADAPTERS)
     assert all(ADAPTERS[a.name] is a and get_adapter(a.name) is a for a in defined)
-    with pytest.raises(KeyError, match="unknown API 'gemini'"):
-        get_adapter("gemini")  # type: ignore[arg-type]
+    with pytest.raises(KeyError, match="unknown API 'bedrock'"):
+        get_adapter("bedrock")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("path", ["nemo_polar/proxy/app.py", "nemo_polar/reconstruct/export.py"])

@@ -27,7 +27,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
-from nemo_polar.proxy.apis.gemini import model_field
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
@@ -108,7 +107,7 @@ GEMINI_METHODS = {"generateContent", "streamGenerateContent", "countTokens"}
 def _gemini_model(name: str, max_len: int | None) -> dict[str, Any]:
     """A Gemini API ``Model`` resource for a served name."""
     return {
-        "name": model_field(name),
+        "name": f"models/{name}",
         "baseModelId": name,
         "version": "1",
         "displayName": name,
@@ -260,8 +259,8 @@ class Proxy:
             raw = self.decode_body(raw, request.headers.get("content-encoding", "identity"))
             record.request = raw.decode("utf-8", errors="replace")
             body = self.parse_json(raw)
-            if path_model is not None and isinstance(body, dict):
-                body = {**body, "model": model_field(path_model)}
+            if path_model is not None and isinstance(body, dict) and adapter.model_field is not None:
+                body = {**body, "model": adapter.model_field(path_model)}
             record.request = body
             conv = adapter.parse(body)
             if stream is not None:
@@ -406,8 +405,8 @@ class Proxy:
             session = self.authenticate(request)
             raw = self.decode_body(await self.read_body(request), request.headers.get("content-encoding", "identity"))
             body = self.parse_json(raw)
-            if path_model is not None and isinstance(body, dict):
-                body = {**body, "model": model_field(path_model)}
+            if path_model is not None and isinstance(body, dict) and adapter.model_field is not None:
+                body = {**body, "model": adapter.model_field(path_model)}
             conv = adapter.parse_count(body)
             kwargs = session.config.chat_template_kwargs  # counted as the session's calls are rendered
             messages = conv.template_messages(await self.template_traits())

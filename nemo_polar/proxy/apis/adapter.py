@@ -33,3 +33,5 @@ class ApiAdapter:
     """The body of this API's token-count request (``/v1/messages/count_tokens``, ``:countTokens``), if it has one."""
     count_response: Callable[[int], dict[str, Any]] = lambda n: {"input_tokens": n}
     """The token-count response for ``n`` prompt tokens."""
+    model_field: Callable[[str], str] | None = None
+    """For an API that names the model in the URL path (Google's): the body's ``model`` field for that name."""

@@ -357,4 +357,5 @@ ADAPTER = ApiAdapter(
     new_tool_call_id=new_tool_call_id,
     parse_count=parse_count,
     count_response=lambda n: {"totalTokens": n},
+    model_field=model_field,
 )
