@@ -107,7 +107,7 @@ GEMINI_METHODS = {"generateContent", "streamGenerateContent", "countTokens"}
 def _gemini_model(name: str, max_len: int | None) -> dict[str, Any]:
     """A Gemini API ``Model`` resource for a served name."""
     return {
-        "name": f"models/{name}",
+        "name": f"models/{name}",  # as the Gemini adapter's model_field names it in records
         "baseModelId": name,
         "version": "1",
         "displayName": name,
