@@ -32,6 +32,9 @@ IN_PROCESS_TOOL_PARSERS = {None, "hermes", "qwen3_coder"}
 IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
 
 
+MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's calls follow this token: a JSON list, each call with its "id"
+
+
 def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
     """The ids the model wrote for its calls, in order, where the family's format carries them and vLLM's parser
     drops them (Mistral's ``[TOOL_CALLS][{..., "id": "..."}]``: its parser mints random ones)."""
@@ -44,9 +47,6 @@ def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
     if not isinstance(calls, list):
         return []
     return [c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None for c in calls]
-
-
-MISTRAL_CALLS = "[TOOL_CALLS]"
 
 
 class ParserWorkerError(RuntimeError):
