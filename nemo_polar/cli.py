@@ -348,6 +348,9 @@ def _gym_root(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nemo_polar.env.gym import ENVIRONMENTS
+    from nemo_polar.env.harness import HARNESSES
+
     parser = argparse.ArgumentParser(
         prog="polar",
         description="nemo_polar: RL of coding agents inside their real CLIs. Start an engine (polar engine up), "
@@ -474,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         "instance id) to OUT/sft.jsonl and OUT/sft.parquet, with acceptance statistics in OUT/acceptance.json. "
         "Re-running the same command skips finished attempts.",
     )
-    gen.add_argument("--env", default="polar_pi", help="polar_codex, polar_claude_code, polar_qwen_code or polar_pi")
+    gen.add_argument("--env", default="polar_pi", help=", ".join(ENVIRONMENTS))
     gen.add_argument("--instances", type=Path, required=True, help="'bundled', a SWE-bench/SWE-Gym JSONL or HF files")
     gen.add_argument("--instance-id", action="append", help="only this instance (repeatable)")
     gen.add_argument("--limit", type=int, help="only the first N instances")
@@ -584,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     harness = sub.add_parser("harness", help="the pinned coding CLIs")
     hsub = harness.add_subparsers(dest="action", required=True)
     hinstall = hsub.add_parser("install", help="install the pinned CLIs into the shared prefix (npm)")
-    hinstall.add_argument("names", nargs="*", help="codex, claude_code, qwen_code, pi (default: all)")
+    hinstall.add_argument("names", nargs="*", help=f"{', '.join(HARNESSES)} (default: all)")
     hinstall.set_defaults(func=_harness_install)
     return parser
 

@@ -1,7 +1,7 @@
 """``make demo``: the whole loop on this machine with real parts.
 
 A real vLLM engine (tiny-qwen3 on CPU, or a model family's ``tiny-<family>``), the proxy in front of it, and the
-four real coding CLIs — Codex, Claude Code, Qwen Code and Pi — each solving a bundled SWE-style task in its own
+real coding CLIs — Codex, Claude Code, Qwen Code, Pi and Gemini CLI — each solving a bundled SWE-style task in its own
 bwrap sandbox through a proxy session; swebench grades every final patch in a fresh sandbox, the records are
 reconstructed into prefix-merged traces and audited, and an HTML report shows what was captured. The tiny CPU model
 cannot act on its own, so each CLI's model turns follow the task's script, written by the model's own chat template
@@ -36,12 +36,14 @@ from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.rewards.instance import SWEInstance, bundled_instances
 
-# One bundled task per CLI, so the demo shows four different bugs.
+# One bundled task per CLI, so the demo shows a different bug for each.
 TASKS = {
     "polar_codex": "polar__csvlite-1",
     "polar_claude_code": "polar__semverlite-1",
     "polar_qwen_code": "polar__lrucache-1",
     "polar_pi": "polar__ratelimit-1",
+    "polar_gemini_cli": "polar__globmatch-1",
+    "polar_mini_swe_agent": "polar__iniconf-1",
 }
 
 
@@ -122,7 +124,7 @@ async def run_all(proxy: ProxyClient, out: Path, instances: dict[str, SWEInstanc
 
 
 def table(rows: list[DemoRow]) -> Table:
-    t = Table(title="nemo_polar demo: four real CLIs, one real engine, real grading")
+    t = Table(title=f"nemo_polar demo: {len(rows)} real CLIs, one real engine, real grading")
     for col in ("CLI", "task", "status", "calls", "merged traces", "trainable", "context", "breaks", "audit"):
         t.add_column(col, justify="right" if col in ("calls", "merged traces", "trainable", "context") else "left")
     t.add_column("reward", justify="right")
@@ -145,7 +147,7 @@ def table(rows: list[DemoRow]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="four real CLIs on bundled tasks through the proxy, graded")
+    parser = argparse.ArgumentParser(description="the real CLIs on bundled tasks through the proxy, graded")
     parser.add_argument("--model", default="tiny-qwen3", help="a model `polar engine up` knows, or a model directory")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # tokenizers only here: no "PyTorch was not found"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git; and, unless called with
+# System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git, python3-venv (the Python
+# harnesses' venvs); and, unless called with
 # `demo` (what `make demo` needs is only those), chromium (report test) and for bwrap over docker images without a
 # docker daemon: skopeo + umoci (image -> rootfs) and patchelf (the host's socat and node made to run on any image's
 # libc).
@@ -8,6 +9,8 @@ missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v socat >/dev/null || missing+=(socat)
 command -v git >/dev/null || missing+=(git)
+# Python harnesses (mini-swe-agent) get a venv made from the system's python3, the one every sandbox sees.
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ "${1:-all}" != demo ]; then
   command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
   command -v skopeo >/dev/null || missing+=(skopeo)

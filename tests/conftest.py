@@ -23,6 +23,8 @@ from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.serve import ProxyServer
 
 ROOT = Path(__file__).resolve().parents[1]
+# The CLIs with a Polar environment: the paper's four, then the harnesses added since.
+ENV_HARNESSES = ("codex", "claude_code", "qwen_code", "pi", "gemini_cli", "mini_swe_agent")
 FIXTURES = ROOT / "tests" / "fixtures" / "harness_requests"
 TASKS = ROOT / "examples" / "tasks" / "swebench5"  # real projects' bugs, as a SWE-bench 5 task repo
 

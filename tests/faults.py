@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from nemo_polar.proxy.serve import BackgroundServer
 
 ENGINE_CALLS = ("/v1/completions", "/v1/chat/completions")
-CLIENT_CALLS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+# Google's API names the model and the method in the path: /v1beta/models/{model}:streamGenerateContent
+CLIENT_CALLS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", ":streamGenerateContent", ":generateContent")
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
 
 
@@ -48,7 +49,8 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[bytes]:
 
 
 def fault_app(upstream: str, kind: FaultKind, calls: Iterable[int], paths: tuple[str, ...]):
-    """Forward every request to ``upstream``; the model calls (POSTs to ``paths``) numbered in ``calls`` fail."""
+    """Forward every request to ``upstream``; the model calls (POSTs to paths that end in one of ``paths``) numbered
+    in ``calls`` fail."""
     app = FastAPI()
     client = httpx.AsyncClient(base_url=upstream, timeout=None)
     failing = set(calls)
@@ -64,7 +66,7 @@ def fault_app(upstream: str, kind: FaultKind, calls: Iterable[int], paths: tuple
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         index = None
         # The proxy's own probes (X-Polar-Probe: is the forced-tokens processor loaded?) are not model calls.
-        if request.method == "POST" and "/" + path in paths and "x-polar-probe" not in request.headers:
+        if request.method == "POST" and ("/" + path).endswith(paths) and "x-polar-probe" not in request.headers:
             with lock:
                 index, seen["calls"] = seen["calls"], seen["calls"] + 1
         if kind == "drop_xargs" and b"vllm_xargs" in body:  # every request, probes included: as such an engine does

@@ -28,8 +28,7 @@ from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT
 from nemo_polar.sandbox.workspace import Task
-from tests.conftest import ProxyHandle, make_proxy
-from tests.test_harness import PAPER_HARNESSES
+from tests.conftest import ENV_HARNESSES, ProxyHandle, make_proxy
 
 VERSION = 3  # the proxy's policy version; the probe tries to re-stamp 999
 
@@ -119,7 +118,7 @@ def probe_repo(tmp: Path) -> Path:
 
 @pytest.mark.engine
 @pytest.mark.parametrize("runtime", ["bwrap", "docker"])
-@pytest.mark.parametrize("harness", PAPER_HARNESSES)
+@pytest.mark.parametrize("harness", ENV_HARNESSES)
 def test_an_agent_cannot_reach_the_control_plane_through_the_relay(
     guarded: ProxyHandle, victim: dict[str, str], harness: str, runtime: str, tmp_path: Path
 ) -> None:

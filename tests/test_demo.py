@@ -9,6 +9,7 @@ import pytest
 
 from nemo_polar import demo
 from nemo_polar.env.gym import ENVIRONMENTS
+from tests.conftest import ENV_HARNESSES
 
 pytestmark = pytest.mark.engine
 
@@ -31,7 +32,7 @@ def run_demo(
     for env in ENVIRONMENTS:
         [outcome] = (out_dir / env).glob("*/outcome.json")
         assert '"reward": 1.0' in outcome.read_text()
-    for harness in ("codex", "claude_code", "qwen_code", "pi"):
+    for harness in ENV_HARNESSES:
         row = next(line for line in out.splitlines() if line.startswith(f"│ {harness} "))
         cells = [c.strip() for c in row.strip("│").split("│")]
         assert (

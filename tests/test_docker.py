@@ -19,8 +19,8 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.sandbox import RuntimeUnavailable, get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT, PROXY_UNREACHABLE
 from nemo_polar.sandbox.docker import LABEL, DockerRuntime, docker_client
-from tests.conftest import ProxyHandle
-from tests.test_harness import EXPECTED_PATCH, PAPER_HARNESSES, check_egress_audit, make_spec, requests_text, run
+from tests.conftest import ENV_HARNESSES, ProxyHandle
+from tests.test_harness import EXPECTED_PATCH, check_egress_audit, make_spec, requests_text, run
 
 pytestmark = pytest.mark.engine
 HEALTH = f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}; printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; head -1 <&3"
@@ -31,7 +31,7 @@ def containers_for(run_dir: Path) -> list[object]:
     return docker_client().containers.list(all=True, filters={"label": f"{LABEL}.run_dir={run_dir}"})
 
 
-@pytest.mark.parametrize("harness", PAPER_HARNESSES)
+@pytest.mark.parametrize("harness", ENV_HARNESSES)
 def test_scripted_session_in_docker(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
     result = run(proxy, harness, tmp_path, runtime="docker")
     assert result.status == "completed", result.error
@@ -40,7 +40,7 @@ def test_scripted_session_in_docker(proxy: ProxyHandle, harness: str, tmp_path: 
 
     recs = result.records
     assert [r.complete for r in recs] == [True] * 5
-    assert recs[-1].output_text == "Fixed add in calc.py."
+    assert recs[-1].output is not None and recs[-1].output["content"] == "Fixed add in calc.py."
     assert all(r.sampled_token_ids and len(r.sampled_logprobs) == len(r.sampled_token_ids) for r in recs)
     # The tools really ran inside the container: their output reached the model in the next request.
     assert "test_calc.py" in requests_text(result, 1)  # ls

@@ -5,6 +5,7 @@ with failed records."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -40,9 +41,12 @@ def _frames(resp: httpx.Response) -> list[dict[str, Any]]:
 def test_reasoning_and_a_call_round_trip_as_gemini_cli_echoes_them(proxy: ProxyHandle) -> None:
     """A scripted turn (reasoning, then a call) streams as thought parts and a functionCall part carrying the
     signature; the next request echoes only the call and its signature (Gemini CLI drops thought text) plus the
-    function's response, and continues from the exact sampled ids."""
+    function's response, and continues from the exact sampled ids. Two turns with the same reasoning carry the same
+    signature: each echoed turn is still restored as its own call (by its call id), so the chain holds."""
     turn = {"reasoning": "I should list the files.", "tool_calls": [{"name": "run_shell_command", "arguments": LS}]}
-    session = proxy.session(script=[turn, {"content": "Two files."}], sampling_overrides={"max_tokens": 64})
+    again = {**turn, "tool_calls": [{"name": "run_shell_command", "arguments": {"command": "ls src"}}]}
+    script = [turn, again, {"content": "Two files."}]
+    session = proxy.session(script=script, sampling_overrides={"max_tokens": 64})
     headers = {"x-goog-api-key": session["api_key"]}
     body: dict[str, Any] = {
         "contents": [{"role": "user", "parts": [{"text": "list the files"}]}],
@@ -50,33 +54,39 @@ def test_reasoning_and_a_call_round_trip_as_gemini_cli_echoes_them(proxy: ProxyH
         "tools": TOOLS,
         "generationConfig": {"temperature": 1, "thinkingConfig": {"includeThoughts": True}},
     }
+    signatures = []
     with httpx.Client(base_url=proxy.url, headers=headers, timeout=60) as client:
-        frames = _frames(client.post(STREAM, json=body))
-        parts = [p for f in frames for p in f["candidates"][0]["content"]["parts"]]
-        assert [f["candidates"][0].get("finishReason") for f in frames][-1] == "STOP"
-        assert all("finishReason" not in f["candidates"][0] for f in frames[:-1])
-        thought = "".join(p["text"] for p in parts if p.get("thought"))
-        assert thought.strip() == turn["reasoning"]
-        [call] = [p for p in parts if "functionCall" in p]
-        assert call["functionCall"]["name"] == "run_shell_command" and call["functionCall"]["args"] == LS
-        assert call["thoughtSignature"] and frames[-1]["usageMetadata"]["promptTokenCount"] > 0
+        for step in script[:2]:
+            frames = _frames(client.post(STREAM, json=body))
+            parts = [p for f in frames for p in f["candidates"][0]["content"]["parts"]]
+            assert [f["candidates"][0].get("finishReason") for f in frames][-1] == "STOP"
+            assert all("finishReason" not in f["candidates"][0] for f in frames[:-1])
+            thought = "".join(p["text"] for p in parts if p.get("thought"))
+            assert thought.strip() == step["reasoning"]
+            [call] = [p for p in parts if "functionCall" in p]
+            assert call["functionCall"]["name"] == "run_shell_command"
+            assert call["functionCall"]["args"] == step["tool_calls"][0]["arguments"]
+            assert call["thoughtSignature"] and frames[-1]["usageMetadata"]["promptTokenCount"] > 0
+            signatures.append(call["thoughtSignature"])
 
-        echoed = {"functionCall": call["functionCall"], "thoughtSignature": call["thoughtSignature"]}
-        response = {"name": "run_shell_command", "id": call["functionCall"]["id"], "response": {"output": "a.py"}}
-        body["contents"] += [
-            {"role": "model", "parts": [echoed]},
-            {"role": "user", "parts": [{"functionResponse": response}]},
-        ]
-        second = client.post("/v1beta/models/local-model:generateContent", json=body)
-        assert second.status_code == 200, second.text
-        assert second.json()["candidates"][0]["content"]["parts"] == [{"text": "Two files."}]
+            echoed = {"functionCall": call["functionCall"], "thoughtSignature": call["thoughtSignature"]}
+            response = {"name": "run_shell_command", "id": call["functionCall"]["id"], "response": {"output": "a.py"}}
+            body["contents"] += [
+                {"role": "model", "parts": [echoed]},
+                {"role": "user", "parts": [{"functionResponse": response}]},
+            ]
+        last = client.post("/v1beta/models/local-model:generateContent", json=body)
+        assert last.status_code == 200, last.text
+        assert last.json()["candidates"][0]["content"]["parts"] == [{"text": "Two files."}]
 
-    first_rec, second_rec = proxy.records(session["session_id"])
-    assert second_rec["render_reason"] == "continuation" and second_rec["parent_call_id"] == first_rec["call_id"]
-    parent = first_rec["prompt_token_ids"] + first_rec["sampled_token_ids"]
-    assert second_rec["prompt_token_ids"][: len(parent)] == parent  # the reasoning the CLI dropped, as sampled
-    assert first_rec["output"]["reasoning"].strip() == turn["reasoning"]
-    assert first_rec["request"]["model"] == "models/local-model"
+    assert signatures[0] == signatures[1]
+    records = proxy.records(session["session_id"])
+    for parent_rec, rec in itertools.pairwise(records):
+        assert rec["render_reason"] == "continuation" and rec["parent_call_id"] == parent_rec["call_id"]
+        parent = parent_rec["prompt_token_ids"] + parent_rec["sampled_token_ids"]
+        assert rec["prompt_token_ids"][: len(parent)] == parent  # the reasoning the CLI dropped, as sampled
+    assert records[0]["output"]["reasoning"].strip() == turn["reasoning"]
+    assert records[0]["request"]["model"] == "models/local-model"
 
 
 def test_any_model_name_is_served_and_tokens_are_counted_as_rendered(proxy: ProxyHandle) -> None:

@@ -339,6 +339,8 @@ SOLVED = [
     ("polar_codex", "polar__lrucache-1"),
     ("polar_claude_code", "polar__money-1"),
     ("polar_qwen_code", "polar__semverlite-1"),
+    ("polar_gemini_cli", "polar__humanfmt-1"),
+    ("polar_mini_swe_agent", "polar__taskgraph-1"),
 ]
 
 

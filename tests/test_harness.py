@@ -1,4 +1,4 @@
-"""The four real coding CLIs, unchanged, in bubblewrap sandboxes that reach only the proxy.
+"""The real coding CLIs, unchanged, in bubblewrap sandboxes that reach only the proxy.
 
 Each runs a scripted multi-turn session (the engine is constrained to the script's text, so the ids and logprobs
 are really sampled): list files, read a file, edit it, run a check, answer. The tools really run in the sandbox;
@@ -28,7 +28,7 @@ from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.recompute import recompute_logprobs
 from nemo_polar.sandbox import SandboxSpec, get_runtime
 from nemo_polar.sandbox.workspace import Task
-from tests.conftest import ProxyHandle
+from tests.conftest import ENV_HARNESSES, ProxyHandle
 
 pytestmark = pytest.mark.engine
 TASK_FILE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_add" / "task.yaml"
@@ -41,7 +41,6 @@ SCRIPT = [
     Shell(command=CHECK),
     Final(text="Fixed add in calc.py."),
 ]
-PAPER_HARNESSES = ["codex", "claude_code", "qwen_code", "pi"]
 EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
 
 
@@ -94,7 +93,7 @@ def requests_text(result: SessionResult, index: int) -> str:
     return json.dumps(result.records[index].request)
 
 
-@pytest.mark.parametrize("harness", PAPER_HARNESSES)
+@pytest.mark.parametrize("harness", ENV_HARNESSES)
 def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: str, tmp_path: Path) -> None:
     result = run(proxy, harness, tmp_path)
     assert result.status == "completed", result.error
@@ -104,7 +103,7 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: 
     # Five model calls, each constrained to the script's text and recorded completely.
     recs = result.records
     assert [r.complete for r in recs] == [True] * 5
-    assert recs[-1].output_text == "Fixed add in calc.py."
+    assert recs[-1].output is not None and recs[-1].output["content"] == "Fixed add in calc.py."  # as parsed
     assert all(r.sampled_token_ids and len(r.sampled_logprobs) == len(r.sampled_token_ids) for r in recs)
     # The tools really ran inside the sandbox: their output reached the model in the next request.
     assert "test_calc.py" in requests_text(result, 1)  # ls
@@ -285,7 +284,7 @@ def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
     assert "model proxy is not reachable from the sandbox" in done.stderr.read_text()
 
 
-@pytest.mark.parametrize("harness", PAPER_HARNESSES)
+@pytest.mark.parametrize("harness", ENV_HARNESSES)
 def test_polar_rollout_cli(harness: str, engine_url: str, tmp_path: Path) -> None:
     """`polar rollout env=polar_<cli> task=FILE` composes the Hydra config and writes the session directory."""
     import subprocess
@@ -384,3 +383,45 @@ def test_what_a_command_inside_is_given_is_on_no_command_line(runtime: str, tmp_
     assert holding == []
     assert done.returncode == 0, done.stderr.read_text()
     assert stdout.read_text().strip() == f"seen:{secret}"
+
+
+def test_mini_swe_agent_text_mode_and_a_reply_it_drops(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """mini-swe-agent's text mode reads one fenced command per reply; a reply without one is a format error it
+    answers without keeping the reply, so that sampled turn is in no later prompt: it stays a trace of its own (no
+    token lost), and the session goes on as a new chain from the error message."""
+    from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
+    from nemo_polar.proxy.sessions import ScriptTurn
+    from nemo_polar.reconstruct.patterns import summarize
+
+    class Rambling(MiniSweAgent):
+        """Its first reply is text without a command, as a policy's may be."""
+
+        def action_turn(self, action: Final | Shell, workspace: str) -> ScriptTurn:  # type: ignore[override]
+            if isinstance(action, Final) and action.text.startswith("Let me"):
+                return ScriptTurn(content=action.text)
+            return super().action_turn(action, workspace)
+
+    text = MiniSweAgent(mode="text")
+    result = run_session(
+        text, task(), get_runtime("bwrap"), proxy.client(), tmp_path / "text", script=SCRIPT, timeout=300
+    )
+    assert result.status == "completed", result.error
+    assert len(result.records) == 5 and EXPECTED_PATCH in result.patch
+    assert "```mswea_bash_command" in requests_text(result, 1)  # the reply, echoed verbatim as text
+    assert "<returncode>0</returncode>" in requests_text(result, 1)  # the observation, a user message
+    assert len(prefix_merging(result.records).traces) == 1
+
+    script = [Final(text="Let me look around first."), *SCRIPT]
+    dropped = run_session(
+        Rambling(), task(), get_runtime("bwrap"), proxy.client(), tmp_path / "dropped", script=script, timeout=300
+    )
+    assert dropped.status == "completed", dropped.error
+    assert len(dropped.records) == 6 and EXPECTED_PATCH in dropped.patch
+    assert "Let me look around first." not in requests_text(dropped, 1)  # not kept ...
+    assert "No tool calls found" in requests_text(dropped, 1)  # ... answered with a format error
+    row = summarize("format_error", "mini_swe_agent", dropped.records, MiniSweAgent.version)
+    assert row.tokens_lost == 0 and row.audit_ok, row.audit_failures
+    built = prefix_merging(dropped.records)
+    assert [t.call_ids for t in built.traces] == [[r.call_id] for r in dropped.records[:1]] + [
+        [r.call_id for r in dropped.records[1:]]
+    ]

@@ -605,6 +605,23 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
     assert rec2["prompt_token_ids"][: len(parent)] == parent
 
 
+def test_a_non_streamed_llama3_json_call_is_parsed_whole(serve: OneFamilyAtATime) -> None:
+    """A request that does not stream (mini-swe-agent's, through litellm) gets the sample parsed whole, as vLLM's
+    endpoint parses a non-streamed output: fed to the streaming parser as one delta, llama3_json's call was lost and
+    the reply came back empty."""
+    proxy = serve("tiny-llama3").proxy
+    call = '{"name": "bash", "parameters": {"command": "ls"}}'
+    session = proxy.session(script=[call], sampling_overrides={"max_tokens": 64})
+    headers = {"Authorization": f"Bearer {session['api_key']}"}
+    body = {"model": "local-model", "messages": LIST_FILES, "tools": [BASH]}
+    resp = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    [choice] = resp.json()["choices"]
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"]) == {"command": "ls"}
+    assert choice["finish_reason"] == "tool_calls"
+
+
 def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATime) -> None:
     """Llama 3.1's template takes one tool call per message: a scripted turn with two is refused with the template's
     own reason, and a failed record."""

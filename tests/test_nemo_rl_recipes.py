@@ -15,9 +15,10 @@ pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.recipes import RecipeError, check_recipe, load_recipe
 from nemo_polar.env.specs import get_env
+from tests.conftest import ENV_HARNESSES
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "nemo_rl"
-CLIS = ("codex", "claude_code", "qwen_code", "pi")
+CLIS = ENV_HARNESSES
 
 
 @pytest.fixture(autouse=True)

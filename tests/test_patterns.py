@@ -33,11 +33,11 @@ from nemo_polar.reconstruct.recompute import recompute_logprobs
 from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.workspace import Task
 from nemo_polar.view.report import render_report
-from tests.conftest import ProxyHandle, make_proxy
+from tests.conftest import ENV_HARNESSES, ProxyHandle, make_proxy
 from tests.faults import FaultPoint
 
 PATTERNS = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "patterns"
-PAPER_HARNESSES = ("codex", "claude_code", "qwen_code", "pi")
+
 CASES = load_patterns(PATTERNS)
 RUN = [c for c in CASES if not c.unsupported and not c.blocked]
 
@@ -45,7 +45,7 @@ RUN = [c for c in CASES if not c.unsupported and not c.blocked]
 def test_every_scenario_is_scripted_or_explained_for_every_cli() -> None:
     """The table has no holes: each scenario x CLI is a scripted session or a reason the CLI cannot do it."""
     have = {(c.scenario, c.harness) for c in CASES}
-    missing = [f"{s}/{h}" for s in SCENARIOS for h in PAPER_HARNESSES if (s, h) not in have]
+    missing = [f"{s}/{h}" for s in SCENARIOS for h in ENV_HARNESSES if (s, h) not in have]
     assert not missing, f"no pattern file for {missing}"
     assert all(c.harness in HARNESSES for c in CASES)
     assert all(len(c.about) > 20 for c in CASES)

@@ -146,6 +146,32 @@ def test_side_calls_are_flagged_and_weightless() -> None:
     assert by_role["main"].weight == 1.0
 
 
+def test_gemini_cli_utility_calls_are_side_calls_and_tool_output_cannot_make_one() -> None:
+    """Gemini CLI's router (by its system prompt) and next-speaker check (by its last user text) are side calls; the
+    same words in a tool's output (text the agent controls) leave a call in its chain."""
+    router = load_fixture("gemini-cli", "text_aux_router_classifier.json")["body"]
+    turn = load_fixture("gemini-cli", "tool_turn2.json")["body"]
+    ask = "Based *strictly* on that response, determine who should logically speak next: the 'user' or the 'model'."
+    next_speaker = {"contents": [*turn["contents"], {"role": "user", "parts": [{"text": ask}]}]}
+    planted = {"name": "run_shell_command", "response": {"output": ask}}
+    in_output = {
+        **turn,
+        "contents": [*turn["contents"][:-1], {"role": "user", "parts": [{"functionResponse": planted}]}],
+    }
+    chat_tool = {"messages": [{"role": "user", "content": "go"}, {"role": "tool", "content": ask, "tool_call_id": "c"}]}
+    a = rec("a", [1], [10, EOT])
+    calls = [
+        a,
+        rec("router", [3], [60, EOT], api="gemini", request=router, render_reason="new_conversation"),
+        rec("next", [4], [61, EOT], api="gemini", request=next_speaker, render_reason="history_diverged"),
+        child("planted", a, [5], [62, EOT], api="gemini", request=in_output),
+        child("tool", a, [6], [63, EOT], request=chat_tool),
+    ]
+    roles = {call: t.role for t in prefix_merging(calls).traces for call in t.call_ids}
+    assert roles["router"] == roles["next"] == "side"
+    assert roles["planted"] != "side" and roles["tool"] != "side"
+
+
 def test_per_request_builder() -> None:
     a = rec("a", [1], [10, EOT])
     b = child("b", a, [20], [11, EOT])

@@ -430,6 +430,8 @@ def test_polar_grade_cli(tmp_path: Path) -> None:
         ("claude_code", "polar__money-1"),
         ("qwen_code", "polar__semverlite-1"),
         ("pi", "polar__textstats-1"),
+        ("gemini_cli", "polar__intervals-1"),
+        ("mini_swe_agent", "polar__confmerge-1"),
     ],
 )
 def test_a_real_cli_solves_a_bundled_task_and_earns_the_reward(

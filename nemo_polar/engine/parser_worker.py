@@ -14,6 +14,8 @@ talks to it through :mod:`nemo_polar.proxy.family_parser`. One JSON object per l
 - ``{"op": "delta", "id", "text", "token_ids", "finished"}`` -> ``{"delta": {"reasoning", "content",
   "tool_calls": [{"index", "name", "arguments"}]} | null}``;
 - ``{"op": "parse", <open's fields>, "text", "token_ids"}`` -> ``{"reasoning", "content", "tool_calls"}``;
+- ``{"op": "whole", "id", "text", "token_ids"}`` -> the same, for an opened sample that came back in one piece (a
+  non-streamed request: the endpoint parses it whole, not as one delta, which some streaming parsers drop);
 - ``{"op": "close", "id"}``.
 
 Usage: python parser_worker.py
@@ -110,10 +112,21 @@ def _delta(dm: Any) -> dict[str, Any] | None:
     return out or None
 
 
+def _parse(msg: dict[str, Any], text: str, token_ids: list[int]) -> dict[str, Any]:
+    parser, request = _make(msg)
+    if parser is None:
+        return {"reasoning": None, "content": text, "tool_calls": []}
+    if msg.get("prompt_token_ids") is not None:
+        parser.set_prompt_token_ids(msg["prompt_token_ids"])
+    reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=token_ids)
+    tool_calls = [{"name": c.name, "arguments": c.arguments} for c in calls or []]
+    return {"reasoning": reasoning, "content": content, "tool_calls": tool_calls}
+
+
 def handle(msg: dict[str, Any]) -> dict[str, Any]:
     op, rid = msg.get("op"), msg.get("id")
     if op == "delta":
-        parser, request, prompt_ids = _OPEN[rid]
+        parser, request, prompt_ids, _ = _OPEN[rid]
         text = msg.get("text", "")
         if parser is None:
             return {"delta": {"content": text} if text else None}
@@ -127,23 +140,16 @@ def handle(msg: dict[str, Any]) -> dict[str, Any]:
         return {"delta": _delta(dm)}
     if op == "open":
         parser, request = _make(msg)
-        _OPEN[rid] = (parser, request, msg.get("prompt_token_ids"))
+        _OPEN[rid] = (parser, request, msg.get("prompt_token_ids"), msg)
         return {"sampling": {"skip_special_tokens": request.skip_special_tokens}}
     if op == "close":
         _OPEN.pop(rid, None)
         return {}
     if op == "parse":
-        parser, request = _make(msg)
-        text = msg.get("text", "")
-        if parser is None:
-            return {"reasoning": None, "content": text, "tool_calls": []}
-        if msg.get("prompt_token_ids") is not None:
-            parser.set_prompt_token_ids(msg["prompt_token_ids"])
-        reasoning, content, calls = parser.parse(
-            text, request, enable_auto_tools=True, model_output_token_ids=msg.get("token_ids", [])
-        )
-        tool_calls = [{"name": c.name, "arguments": c.arguments} for c in calls or []]
-        return {"reasoning": reasoning, "content": content, "tool_calls": tool_calls}
+        return _parse(msg, msg.get("text", ""), msg.get("token_ids", []))
+    if op == "whole":
+        opened = _OPEN[rid][3]  # a parser of its own, as the endpoint builds one for a non-streamed request
+        return _parse(opened, msg.get("text", ""), msg.get("token_ids", []))
     if op == "ping":
         return {}
     raise ValueError(f"unknown op {op!r}")

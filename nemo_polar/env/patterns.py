@@ -17,7 +17,14 @@ from pydantic import BaseModel, Field, model_validator
 from nemo_polar.env.script import Action
 from nemo_polar.reconstruct.patterns import PatternRow, markdown_table
 
-HARNESS_ORDER = {"codex": 0, "claude_code": 1, "qwen_code": 2, "pi": 3}  # the paper's order
+HARNESS_ORDER = {
+    "codex": 0,
+    "claude_code": 1,
+    "qwen_code": 2,
+    "pi": 3,
+    "gemini_cli": 4,
+    "mini_swe_agent": 5,
+}  # the paper's, then ours
 SCENARIOS = (
     "subagent",
     "compaction",

@@ -226,6 +226,18 @@ class FamilyStream:
             self.close()
         return events
 
+    def whole(self, text: str, token_ids: list[int]) -> list[ParseEvent]:
+        """The sample in one piece (a non-streamed request), parsed whole as vLLM's endpoint parses it."""
+        parsed = self.worker.call("whole", id=self.sid, text=text, token_ids=token_ids)
+        events = [ParseEvent("reasoning", parsed["reasoning"])] if parsed.get("reasoning") else []
+        if parsed.get("content"):
+            events.append(ParseEvent("text", parsed["content"]))
+        for call in parsed.get("tool_calls") or []:
+            parsed_call = ParsedToolCall(name=call["name"], arguments=call["arguments"] or "{}", raw="")
+            events.append(ParseEvent("tool_call", call=parsed_call))
+        self.close()
+        return events
+
     def close(self) -> None:
         """Drop the worker's parser for this sample (at its end, or when the call is abandoned before it)."""
         if not self._closed:

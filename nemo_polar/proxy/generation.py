@@ -315,7 +315,10 @@ class Generation:
                 text = choice.get("text") or ""
                 ids, self._family_done = choice.get("token_ids") or [], bool(choice.get("finish_reason"))
                 cap.text += text
-                if text or ids or self._family_done:
+                if self._whole is not None:  # not streamed: parsed whole, as vLLM's endpoint does
+                    self._family_done = True
+                    events.extend(self._parsed(self.family.whole(text, ids)))
+                elif text or ids or self._family_done:
                     events.extend(self._parsed(self.family.feed(text, ids, self._family_done)))
                 continue
             if "text" in choice:  # completions

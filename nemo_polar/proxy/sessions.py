@@ -131,7 +131,8 @@ class Session:
     closed: bool = False
     records: list[CallRecord] = field(default_factory=list)
     calls: dict[str, CallState] = field(default_factory=dict)
-    echo_index: dict[str, str] = field(default_factory=dict)  # emitted id -> call_id
+    echo_index: dict[str, str] = field(default_factory=dict)  # emitted id -> call_id (the last that emitted it)
+    shared_echo_ids: set[str] = field(default_factory=set)  # emitted by more than one call (content-derived)
     text_index: dict[str, str] = field(default_factory=dict)  # text-only reply -> call_id
     # In-flight calls whose tool calls the harness already has: it may act on them (Codex starts its reviewer on a
     # finished tool-call item) before the call completes and commits.
@@ -150,7 +151,7 @@ class Session:
         for i, msg in enumerate(conv.messages):
             if msg.role != "assistant":
                 continue
-            call_id = next((self.echo_index[e] for e in msg.echo_ids if e in self.echo_index), None)
+            call_id = self._echoed_call(msg)
             if call_id is None and not msg.tool_calls and msg.content:
                 call_id = self.text_index.get(msg.content)
             state = self.calls.get(call_id) if call_id else None
@@ -158,6 +159,22 @@ class Session:
                 restored = state.output.model_copy(deep=True)
                 restored.source_call_id = call_id
                 conv.messages[i] = restored
+
+    def _echoed_call(self, msg: Message) -> str | None:
+        """The call whose output this echoed turn is. A tool call's id names one call; an id derived from content (a
+        reasoning signature: the same reasoning gives the same one) may have been emitted by several calls, so such
+        an id is taken only for a text turn whose text is that of the last call that emitted it."""
+        calls = {c.id for c in msg.tool_calls}
+        for ident in sorted(msg.echo_ids, key=lambda e: e not in calls):  # tool-call ids first
+            call_id = self.echo_index.get(ident)
+            if call_id is None:
+                continue
+            if ident in calls or ident not in self.shared_echo_ids:
+                return call_id
+            state = self.calls.get(call_id)
+            if state is not None and not msg.tool_calls and state.output.content == msg.content:
+                return call_id
+        return None
 
     def find_parent(self, conv: Conversation) -> tuple[CallState | None, str]:
         """The call this request extends, or ``None`` and why the prompt must be rendered afresh."""
@@ -185,7 +202,9 @@ class Session:
             return
         self.calls[record.call_id] = CallState(record, fingerprint(conv.messages, conv.tools), output)
         for ident in [*echo_ids, *(c.id for c in output.tool_calls)]:
-            self.echo_index[ident] = record.call_id
+            if self.echo_index.setdefault(ident, record.call_id) != record.call_id:
+                self.shared_echo_ids.add(ident)
+                self.echo_index[ident] = record.call_id
         if output.content and not output.tool_calls:
             self.text_index[output.content] = record.call_id
 

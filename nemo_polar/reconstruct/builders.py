@@ -60,6 +60,9 @@ class SideRule(BaseModel):
 
     name: str
     system_contains: str | None = None
+    last_user_contains: str | None = Field(
+        default=None, description="in the text of the request's last message when it is the user's (tool results aside)"
+    )
     max_tools: int | None = None
 
 
@@ -74,6 +77,18 @@ DEFAULT_SIDE_RULES = [
         max_tools=0,
     ),
     SideRule(name="title_generation", system_contains="title", max_tools=0),
+    # Gemini CLI's utility calls (each on a built-in model alias, not the -m model): the router when no model is
+    # pinned, the LLM loop check, the next-speaker check (model.skipNextSpeakerCheck: false), the session summary
+    SideRule(name="gemini_cli_router", system_contains="You are a specialized Task Routing AI"),
+    SideRule(name="gemini_cli_loop_check", system_contains="stuck in an unproductive loop"),
+    SideRule(
+        name="gemini_cli_next_speaker", last_user_contains="determine who should logically speak next", max_tools=0
+    ),
+    SideRule(
+        name="gemini_cli_session_summary",
+        last_user_contains="Summarize the user's primary intent or goal in this conversation",
+        max_tools=0,
+    ),
 ]
 
 
@@ -141,10 +156,28 @@ def _system_and_tools(record: CallRecord) -> tuple[str, int]:
     return "\n".join(texts), n_tools
 
 
+def _last_user_text(record: CallRecord) -> str:
+    """The text of the request's last message if the user sent it (a tool result's output is not user text)."""
+    body = record.request if isinstance(record.request, dict) else {}
+    key = {"gemini": "contents", "responses": "input"}.get(record.api, "messages")
+    items = body.get(key)
+    if isinstance(items, str):  # a Responses input given as one string
+        return items
+    last = items[-1] if isinstance(items, list) and items else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return ""
+    try:
+        return parts_text(last.get("parts" if record.api == "gemini" else "content"), kinds=("text", "input_text"))
+    except ValueError:
+        return ""
+
+
 def side_rule(record: CallRecord, rules: list[SideRule]) -> str | None:
     system, n_tools = _system_and_tools(record)
     for rule in rules:
         if rule.system_contains is not None and rule.system_contains not in system:
+            continue
+        if rule.last_user_contains is not None and rule.last_user_contains not in _last_user_text(record):
             continue
         if rule.max_tools is not None and n_tools > rule.max_tools:
             continue

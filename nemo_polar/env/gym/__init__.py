@@ -8,7 +8,14 @@ import json
 from pathlib import Path
 
 # The Gym environments, one per Polar env (conf/env/<name>.yaml) of the same name.
-ENVIRONMENTS = ("polar_claude_code", "polar_codex", "polar_pi", "polar_qwen_code")
+ENVIRONMENTS = (
+    "polar_claude_code",
+    "polar_codex",
+    "polar_gemini_cli",
+    "polar_mini_swe_agent",
+    "polar_pi",
+    "polar_qwen_code",
+)
 
 
 def gym_root() -> Path:

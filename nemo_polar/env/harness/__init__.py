@@ -5,11 +5,15 @@ from __future__ import annotations
 from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch, Unsupported
 from nemo_polar.env.harness.claude_code import ClaudeCode
 from nemo_polar.env.harness.codex import Codex
+from nemo_polar.env.harness.gemini_cli import GeminiCli
+from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
 from nemo_polar.env.harness.opencode import OpenCode
 from nemo_polar.env.harness.pi import Pi
 from nemo_polar.env.harness.qwen_code import QwenCode
 
-HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode)}
+HARNESSES: dict[str, type[Harness]] = {
+    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent)
+}
 
 
 def get_harness(name: str, **options: object) -> Harness:
@@ -22,7 +26,7 @@ def get_harness(name: str, **options: object) -> Harness:
 
 def install(names: list[str] | None = None) -> None:
     """Install the pinned CLIs into the shared prefix (``python -m nemo_polar.env.harness``), side by side: each is
-    an npm install of its own (mostly downloads) into a prefix of its own."""
+    an npm install (or a venv, for a Python harness) of its own (mostly downloads) into a prefix of its own."""
     from concurrent.futures import ThreadPoolExecutor
 
     chosen = [HARNESSES[name] for name in names or list(HARNESSES)]

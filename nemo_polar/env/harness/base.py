@@ -8,7 +8,10 @@ policy's actions map onto its own tools.
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +30,7 @@ COMMON_EXCLUDES = (
     ".qwen",
     ".pi",
     ".opencode",
+    ".gemini",
     "node_modules",
     "__pycache__",
     "*.pyc",
@@ -35,6 +39,12 @@ COMMON_EXCLUDES = (
     ".mypy_cache",
     ".ruff_cache",
 )
+
+
+def _run_install(argv: list[str], spec: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:2])} {spec} failed:\n{done.stderr[-2000:]}")
 
 
 class HarnessMissing(RuntimeError):
@@ -81,17 +91,18 @@ class Harness(ABC):
         if cls.installed():
             return prefix
         prefix.mkdir(parents=True, exist_ok=True)
-        spec = f"{cls.package}@{cls.version}"
-        done = subprocess.run(
-            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error", spec],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"npm install {spec} failed:\n{done.stderr[-2000:]}")
+        spec = cls.install_into(prefix)
         cls.post_install(prefix)
         (prefix / ".polar-installed").write_text(spec + "\n")
         return prefix
+
+    @classmethod
+    def install_into(cls, prefix: Path) -> str:
+        """Install the pinned package under ``prefix``; returns what was installed."""
+        spec = f"{cls.package}@{cls.version}"
+        argv = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error", spec]
+        _run_install(argv, spec)
+        return spec
 
     @classmethod
     def post_install(cls, prefix: Path) -> None:
@@ -115,6 +126,13 @@ class Harness(ABC):
     def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:
         """Config files, environment and command line for one headless run."""
 
+    @staticmethod
+    def in_turn(runs: list[list[str]]) -> list[str]:
+        """One command line for several CLI runs, each after the one before it succeeded (a session's follow-ups)."""
+        if len(runs) == 1:
+            return runs[0]
+        return ["/bin/sh", "-c", " && ".join(shlex.join(run) for run in runs)]
+
     def excludes(self) -> tuple[str, ...]:
         return COMMON_EXCLUDES
 
@@ -125,10 +143,21 @@ class Harness(ABC):
             return None
         try:
             if self.transcript_format == "json":
-                return json.loads(text)
+                return self._json_documents(text)
             return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         except json.JSONDecodeError:
             return None
+
+    @staticmethod
+    def _json_documents(text: str) -> Any:
+        """One JSON document, or the list of those a session of several runs (follow-ups) printed one after another."""
+        decoder, docs, at = json.JSONDecoder(), [], 0
+        while at < len(text):
+            doc, at = decoder.raw_decode(text, at)
+            docs.append(doc)
+            while at < len(text) and text[at].isspace():
+                at += 1
+        return docs[0] if len(docs) == 1 else docs
 
     # -- scripted policy -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -162,3 +191,35 @@ class Harness(ABC):
         else:  # pragma: no cover - the union is closed
             raise TypeError(action)
         return ScriptTurn(tool_calls=[ScriptCall(name=name, arguments=args)])
+
+
+# The interpreter Python harnesses' venvs are made from: the system's, which every sandbox sees under /usr (a venv
+# keeps a link to its base interpreter, so one made from a Python elsewhere on the host would not start inside).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+class PythonHarness(Harness):
+    """A harness from PyPI, in a venv of its own (its pins conflict with the project's), started as ``python -m``:
+    the venv's entry-point scripts name the host path of its interpreter, which a sandbox does not see."""
+
+    module: ClassVar[str]
+
+    @classmethod
+    def install_into(cls, prefix: Path) -> str:
+        spec = f"{cls.package}=={cls.version}"
+        if not Path(SYSTEM_PYTHON).exists():
+            raise RuntimeError(f"{cls.name} needs {SYSTEM_PYTHON} (the system's python3 and python3-venv)")
+        _run_install([SYSTEM_PYTHON, "-m", "venv", str(prefix / "venv")], spec)
+        python = str(prefix / "venv" / "bin" / "python")
+        uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+        if Path(uv).exists():  # several times faster than pip at a few hundred pinned packages
+            _run_install([uv, "pip", "install", "--quiet", "--python", python, spec], spec)
+        else:
+            _run_install([python, "-m", "pip", "install", "--quiet", spec], spec)
+        return spec
+
+    def executable(self, root: str) -> str:
+        return f"{root}/venv/bin/python"
+
+    def command(self, root: str) -> list[str]:
+        return [self.executable(root), "-m", self.module]

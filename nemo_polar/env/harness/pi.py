@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, Harness, Launch
@@ -49,10 +48,8 @@ class Pi(Harness):
         files = {".pi/agent/models.json": json.dumps({"providers": {"polar": provider}}, indent=2)}
         if self.settings:
             files[".pi/agent/settings.json"] = json.dumps(self.settings, indent=2)
-        if not self.follow_ups:
-            return Launch(argv=[*argv, instruction], env=env, files=files)
         runs = [[*argv, instruction], *([*argv, "--continue", text] for text in self.follow_ups)]
-        return Launch(argv=["/bin/sh", "-c", " && ".join(shlex.join(run) for run in runs)], env=env, files=files)
+        return Launch(argv=self.in_turn(runs), env=env, files=files)
 
     def shell(self, command: str) -> tuple[str, dict[str, Any]]:
         return "bash", {"command": command}
