@@ -425,3 +425,26 @@ def test_mini_swe_agent_text_mode_and_a_reply_it_drops(proxy: ProxyHandle, tmp_p
     assert [t.call_ids for t in built.traces] == [[r.call_id] for r in dropped.records[:1]] + [
         [r.call_id for r in dropped.records[1:]]
     ]
+
+
+def test_a_session_of_several_runs_is_one_command_and_one_transcript() -> None:
+    """Follow-up prompts are later runs of the same CLI session (Gemini CLI resumes the latest), each only after
+    the one before succeeded, in one command line; their JSON outputs read back as one transcript, a list."""
+    import shlex
+
+    from nemo_polar.env.harness.base import Endpoint
+
+    cli = get_harness("gemini_cli", follow_ups=["Now fix it."])
+    launch = cli.launch("Look first.", Endpoint(base_url="http://x", api_key="k"), root="/r", home="/h", workspace="/w")
+    assert launch.argv[:2] == ["/bin/sh", "-c"]
+    first, second = (shlex.split(run) for run in launch.argv[2].split(" && "))
+    assert first[-2:] == ["-p", "Look first."] and second[-4:] == ["-r", "latest", "-p", "Now fix it."]
+    assert (
+        get_harness("gemini_cli")
+        .launch("x", Endpoint(base_url="h", api_key="k"), root="/r", home="/h", workspace="/w")
+        .argv[0]
+        == "/r/node_modules/.bin/gemini"
+    )
+    assert cli.transcript('{"response": "a"}\n{"response": "b"}\n') == [{"response": "a"}, {"response": "b"}]
+    assert cli.transcript('{"response": "a"}') == {"response": "a"}
+    assert cli.transcript("not json") is None

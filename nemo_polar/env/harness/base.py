@@ -127,7 +127,7 @@ class Harness(ABC):
         """Config files, environment and command line for one headless run."""
 
     @staticmethod
-    def in_turn(runs: list[list[str]]) -> list[str]:
+    def chained(runs: list[list[str]]) -> list[str]:
         """One command line for several CLI runs, each after the one before it succeeded (a session's follow-ups)."""
         if len(runs) == 1:
             return runs[0]

@@ -65,7 +65,7 @@ class GeminiCli(Harness):
             "NO_PROXY": "127.0.0.1,localhost",
         }
         files = {".gemini/settings.json": json.dumps(self.settings(), indent=2)}
-        return Launch(argv=self.in_turn(runs), env=env, files=files)
+        return Launch(argv=self.chained(runs), env=env, files=files)
 
     def shell(self, command: str) -> tuple[str, dict[str, Any]]:
         return "run_shell_command", {"command": command}

@@ -49,7 +49,7 @@ class Pi(Harness):
         if self.settings:
             files[".pi/agent/settings.json"] = json.dumps(self.settings, indent=2)
         runs = [[*argv, instruction], *([*argv, "--continue", text] for text in self.follow_ups)]
-        return Launch(argv=self.in_turn(runs), env=env, files=files)
+        return Launch(argv=self.chained(runs), env=env, files=files)
 
     def shell(self, command: str) -> tuple[str, dict[str, Any]]:
         return "bash", {"command": command}
