@@ -148,7 +148,7 @@ def test_side_calls_are_flagged_and_weightless() -> None:
 
 def test_gemini_cli_utility_calls_are_side_calls_and_tool_output_cannot_make_one() -> None:
     """Gemini CLI's router (by its system prompt) and next-speaker check (by its last user text) are side calls; the
-    same words in a tool's output (text the agent controls) leave a call in its chain."""
+    same words in a tool's output or in what an agent printed (text the agent controls) leave a call in its chain."""
     router = load_fixture("gemini-cli", "text_aux_router_classifier.json")["body"]
     turn = load_fixture("gemini-cli", "tool_turn2.json")["body"]
     ask = "Based *strictly* on that response, determine who should logically speak next: the 'user' or the 'model'."
@@ -159,6 +159,8 @@ def test_gemini_cli_utility_calls_are_side_calls_and_tool_output_cannot_make_one
         "contents": [*turn["contents"][:-1], {"role": "user", "parts": [{"functionResponse": planted}]}],
     }
     chat_tool = {"messages": [{"role": "user", "content": "go"}, {"role": "tool", "content": ask, "tool_call_id": "c"}]}
+    # mini-swe-agent's text mode: a command's output comes back as a user message, no tools declared
+    printed = {"messages": [{"role": "user", "content": "go"}, {"role": "user", "content": f"<output>{ask}</output>"}]}
     a = rec("a", [1], [10, EOT])
     calls = [
         a,
@@ -166,10 +168,11 @@ def test_gemini_cli_utility_calls_are_side_calls_and_tool_output_cannot_make_one
         rec("next", [4], [61, EOT], api="gemini", request=next_speaker, render_reason="history_diverged"),
         child("planted", a, [5], [62, EOT], api="gemini", request=in_output),
         child("tool", a, [6], [63, EOT], request=chat_tool),
+        child("printed", a, [7], [64, EOT], request=printed),
     ]
     roles = {call: t.role for t in prefix_merging(calls).traces for call in t.call_ids}
     assert roles["router"] == roles["next"] == "side"
-    assert roles["planted"] != "side" and roles["tool"] != "side"
+    assert roles["planted"] != "side" and roles["tool"] != "side" and roles["printed"] != "side"
 
 
 def test_per_request_builder() -> None:

@@ -59,6 +59,7 @@ class SideRule(BaseModel):
     """A call matching every given condition is a harness side call (kept out of the agent's chains)."""
 
     name: str
+    api: str | None = Field(default=None, description="only calls in this API dialect")
     system_contains: str | None = None
     last_user_contains: str | None = Field(
         default=None, description="in the text of the request's last message when it is the user's (tool results aside)"
@@ -78,14 +79,22 @@ DEFAULT_SIDE_RULES = [
     ),
     SideRule(name="title_generation", system_contains="title", max_tools=0),
     # Gemini CLI's utility calls (each on a built-in model alias, not the -m model): the router when no model is
-    # pinned, the LLM loop check, the next-speaker check (model.skipNextSpeakerCheck: false), the session summary
-    SideRule(name="gemini_cli_router", system_contains="You are a specialized Task Routing AI"),
-    SideRule(name="gemini_cli_loop_check", system_contains="stuck in an unproductive loop"),
+    # pinned, the LLM loop check, the next-speaker check (model.skipNextSpeakerCheck: false), the session summary.
+    # Only in its dialect and without tools: its agent turns always carry tools, and another harness's user messages
+    # may hold what the agent printed (mini-swe-agent's text mode), which must not make an agent call a side call.
     SideRule(
-        name="gemini_cli_next_speaker", last_user_contains="determine who should logically speak next", max_tools=0
+        name="gemini_cli_router", api="gemini", system_contains="You are a specialized Task Routing AI", max_tools=0
+    ),
+    SideRule(name="gemini_cli_loop_check", api="gemini", system_contains="stuck in an unproductive loop", max_tools=0),
+    SideRule(
+        name="gemini_cli_next_speaker",
+        api="gemini",
+        last_user_contains="determine who should logically speak next",
+        max_tools=0,
     ),
     SideRule(
         name="gemini_cli_session_summary",
+        api="gemini",
         last_user_contains="Summarize the user's primary intent or goal in this conversation",
         max_tools=0,
     ),
@@ -175,6 +184,8 @@ def _last_user_text(record: CallRecord) -> str:
 def side_rule(record: CallRecord, rules: list[SideRule]) -> str | None:
     system, n_tools = _system_and_tools(record)
     for rule in rules:
+        if rule.api is not None and rule.api != record.api:
+            continue
         if rule.system_contains is not None and rule.system_contains not in system:
             continue
         if rule.last_user_contains is not None and rule.last_user_contains not in _last_user_text(record):
