@@ -99,8 +99,9 @@ lint: venv
 docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
 
+# The thirty slowest tests close the log: where CI's 90 minutes go.
 test: setup lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 # The same suite beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).
 .PHONY: test-loaded

@@ -44,6 +44,7 @@ TASKS = {
     "polar_pi": "polar__ratelimit-1",
     "polar_gemini_cli": "polar__globmatch-1",
     "polar_mini_swe_agent": "polar__iniconf-1",
+    "polar_hermes": "polar__textstats-1",
 }
 
 

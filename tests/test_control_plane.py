@@ -43,6 +43,12 @@ PROBE = textwrap.dedent(
     for path in Path(os.environ.get("HOME", "/root")).rglob("*"):
         if path.is_file() and path.stat().st_size < 1_000_000:
             found |= set(re.findall(r"polar-[A-Za-z0-9_-]{20,}", path.read_text(errors="replace")))
+    # A harness may keep its key out of the tools' environment (Hermes does); its own process still holds it.
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            found |= set(re.findall(r"polar-[A-Za-z0-9_-]{20,}", environ.read_bytes().decode(errors="replace")))
+        except OSError:
+            pass
     tokens = sorted(found) + ["polar-admin", "admin", ""]
     routes = [
         ("POST", "/polar/resume", {"policy_version": 999}),

@@ -341,6 +341,7 @@ SOLVED = [
     ("polar_qwen_code", "polar__semverlite-1"),
     ("polar_gemini_cli", "polar__humanfmt-1"),
     ("polar_mini_swe_agent", "polar__taskgraph-1"),
+    ("polar_hermes", "polar__intervals-1"),
 ]
 
 

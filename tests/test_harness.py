@@ -427,6 +427,31 @@ def test_mini_swe_agent_text_mode_and_a_reply_it_drops(proxy: ProxyHandle, tmp_p
     ]
 
 
+def test_hermes_verify_nudges_are_turns_of_the_same_chain(proxy: ProxyHandle, tmp_path: Path) -> None:
+    """With Hermes's own verify-on-stop, a final reply after an edit without test evidence is answered with a nudge
+    (a user turn) instead of ending the run, up to twice: three final replies, all in one chain, no token lost."""
+    from nemo_polar.env.harness.hermes import Hermes
+    from nemo_polar.reconstruct.patterns import summarize
+
+    finals = [Final(text="Fixed add in calc.py."), Final(text="Checked it by hand."), Final(text="Done.")]
+    result = run_session(
+        Hermes(verify_on_stop=True),
+        task(),
+        get_runtime("bwrap"),
+        proxy.client(),
+        tmp_path / "session",
+        script=[*SCRIPT[:-1], *finals],
+        timeout=300,
+    )
+    assert result.status == "completed", result.error
+    assert len(result.records) == len(SCRIPT) + 2 and EXPECTED_PATCH in result.patch
+    nudged = [r for r in result.records if "fresh passing verification evidence" in json.dumps(r.request)]
+    assert len(nudged) == 2  # the two calls after the first two final replies
+    row = summarize("verify_nudge", "hermes", result.records, Hermes.version)
+    assert row.tokens_lost == 0 and row.audit_ok, row.audit_failures
+    assert [t.call_ids for t in prefix_merging(result.records).traces] == [[r.call_id for r in result.records]]
+
+
 def test_a_session_of_several_runs_is_one_command_and_one_transcript() -> None:
     """Follow-up prompts are later runs of the same CLI session (Gemini CLI resumes the latest), each only after
     the one before succeeded, in one command line; their JSON outputs read back as one transcript, a list."""

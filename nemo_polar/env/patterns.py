@@ -24,6 +24,7 @@ HARNESS_ORDER = {
     "pi": 3,
     "gemini_cli": 4,
     "mini_swe_agent": 5,
+    "hermes": 6,
 }  # the paper's, then ours
 SCENARIOS = (
     "subagent",

@@ -12,6 +12,7 @@ ENVIRONMENTS = (
     "polar_claude_code",
     "polar_codex",
     "polar_gemini_cli",
+    "polar_hermes",
     "polar_mini_swe_agent",
     "polar_pi",
     "polar_qwen_code",

@@ -6,13 +6,14 @@ from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launc
 from nemo_polar.env.harness.claude_code import ClaudeCode
 from nemo_polar.env.harness.codex import Codex
 from nemo_polar.env.harness.gemini_cli import GeminiCli
+from nemo_polar.env.harness.hermes import Hermes
 from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
 from nemo_polar.env.harness.opencode import OpenCode
 from nemo_polar.env.harness.pi import Pi
 from nemo_polar.env.harness.qwen_code import QwenCode
 
 HARNESSES: dict[str, type[Harness]] = {
-    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent)
+    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes)
 }
 
 

@@ -31,6 +31,7 @@ COMMON_EXCLUDES = (
     ".pi",
     ".opencode",
     ".gemini",
+    ".hermes",
     "node_modules",
     "__pycache__",
     "*.pyc",
