@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,27 @@ def test_openai_keepalives_are_sse_comments(faulty: ProxyHandle) -> None:
     client = openai.OpenAI(base_url=f"{faulty.url}/v1", api_key=session["api_key"], max_retries=0)
     chunks = list(client.chat.completions.create(**body))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+
+
+# @google/genai's processStreamResponse (the SDK Gemini CLI bundles) reads frames only with this pattern, from the
+# start of its buffer: anything else (an SSE comment) stays there and fails the stream at its end.
+GENAI_FRAME = re.compile(r"^\s*data: (.*)(?:\n\n|\r\r|\r\n\r\n)")
+
+
+@pytest.mark.parametrize("faulty", ["slow"], indirect=True)
+def test_a_silent_engine_sends_nothing_a_gemini_client_cannot_parse(faulty: ProxyHandle) -> None:
+    session = faulty.session()
+    url = f"{faulty.url}/v1beta/models/local-model:streamGenerateContent?alt=sse"
+    body = {"contents": [{"role": "user", "parts": [{"text": "x"}]}]}
+    with httpx.stream("POST", url, json=body, headers={"x-goog-api-key": session["api_key"]}, timeout=30) as resp:
+        raw = "".join(resp.iter_text())
+    frames = []
+    while match := GENAI_FRAME.match(raw):
+        frames.append(json.loads(match[1]))
+        raw = raw[match.end() :]
+    assert raw.strip() == ""  # the SDK's "Incomplete JSON segment at the end" otherwise
+    text = "".join(p.get("text", "") for f in frames for c in f.get("candidates", []) for p in c["content"]["parts"])
+    assert text == "Hello" and frames[-1]["candidates"][0]["finishReason"] == "STOP"
 
 
 def test_gzip_body_is_accepted(proxy: ProxyHandle) -> None:

@@ -347,7 +347,8 @@ class Proxy:
                 yield frame
             async for ev in gen.events(self.config.keepalive_s):
                 if ev is KEEPALIVE:
-                    yield emitter.keepalive()
+                    if ping := emitter.keepalive():
+                        yield ping
                     continue
                 self.metrics.first_event(record)
                 if isinstance(ev, ToolCall):

@@ -338,7 +338,10 @@ class GeminiStream(StreamEmitter):
         return [sse({"error": {"code": 500, "message": message, "status": "INTERNAL"}})]
 
     def keepalive(self) -> str:
-        return ": keep-alive\n\n"
+        # Nothing: Google's API sends no keep-alive, and the genai SDK's stream parser (responseLineRE, one
+        # `data: ` line per frame from the start of its buffer) never consumes an SSE comment, so one left in the
+        # buffer fails the whole stream at its end ("Incomplete JSON segment at the end") and Gemini CLI resends it.
+        return ""
 
     def echo_ids(self) -> list[str]:
         return [signature(self.thinking)] if self.thinking else []
