@@ -45,6 +45,8 @@ TASKS = {
     "polar_gemini_cli": "polar__globmatch-1",
     "polar_mini_swe_agent": "polar__iniconf-1",
     "polar_hermes": "polar__textstats-1",
+    "polar_copilot": "polar__money-1",
+    "polar_cline": "polar__intervals-1",
 }
 
 

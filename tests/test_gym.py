@@ -342,6 +342,8 @@ SOLVED = [
     ("polar_gemini_cli", "polar__humanfmt-1"),
     ("polar_mini_swe_agent", "polar__taskgraph-1"),
     ("polar_hermes", "polar__intervals-1"),
+    ("polar_copilot", "polar__confmerge-1"),
+    ("polar_cline", "polar__csvlite-1"),
 ]
 
 

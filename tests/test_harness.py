@@ -452,6 +452,38 @@ def test_hermes_verify_nudges_are_turns_of_the_same_chain(proxy: ProxyHandle, tm
     assert [t.call_ids for t in prefix_merging(result.records).traces] == [[r.call_id for r in result.records]]
 
 
+@pytest.mark.parametrize(("harness", "api"), [("copilot", "responses"), ("copilot", "messages"), ("cline", "messages")])
+def test_a_harness_over_its_other_dialects(proxy: ProxyHandle, harness: str, api: str, tmp_path: Path) -> None:
+    """Copilot CLI's provider can be OpenAI Responses or Anthropic Messages, Cline's Anthropic Messages, as well as
+    Chat Completions (their environments' default, run everywhere else): the same session, one chain, in each."""
+    result = run_session(
+        get_harness(harness, api=api),
+        task(),
+        get_runtime("bwrap"),
+        proxy.client(),
+        tmp_path / "s",
+        script=SCRIPT,
+        timeout=300,
+    )
+    assert result.status == "completed", result.error
+    assert {r.api for r in result.records} == {"responses" if api == "responses" else "anthropic"}
+    assert len(result.records) == len(SCRIPT) and EXPECTED_PATCH in result.patch and result.egress == []
+    assert [t.call_ids for t in prefix_merging(result.records).traces] == [[r.call_id for r in result.records]]
+
+
+@pytest.mark.parametrize(
+    ("harness", "option", "allowed"),
+    [
+        ("copilot", "api", "chat, responses, messages"),
+        ("cline", "api", "chat, messages"),
+        ("mini_swe_agent", "mode", ""),
+    ],
+)
+def test_a_bad_harness_option_is_a_clear_error(harness: str, option: str, allowed: str) -> None:
+    with pytest.raises(ValueError, match=f"{harness} {option} must be one of {allowed}.*not 'gemini'"):
+        get_harness(harness, **{option: "gemini"})
+
+
 def test_a_session_of_several_runs_is_one_command_and_one_transcript() -> None:
     """Follow-up prompts are later runs of the same CLI session (Gemini CLI resumes the latest), each only after
     the one before succeeded, in one command line; their JSON outputs read back as one transcript, a list."""

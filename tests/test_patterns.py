@@ -6,7 +6,8 @@ text, so ids and logprobs are really sampled; the CLI and its tools are real and
 the records are exact (the audit proves every stitched context, and the engine re-scores every trace), prefix
 merging finds exactly the expected chains, breaks and render reasons (a silent fallback to fresh rendering changes
 the counts), no complete call's tokens are lost, the main chain exports contiguously to NeMo Gym, the SFT export
-keeps every agent chain, and ``polar view`` shows the chain tree. With ``POLAR_PATTERNS_OUT`` set each session's
+keeps every agent chain, and ``polar view`` shows the chain tree. The selected sessions run a few at a time before
+their tests check them. With ``POLAR_PATTERNS_OUT`` set each session's
 summary line is written there for ``polar patterns`` (``make patterns``).
 """
 
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.patterns import SCENARIOS, Expect, PatternTask, load_patterns
-from nemo_polar.env.session import run_session
+from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
@@ -40,6 +42,7 @@ PATTERNS = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "pattern
 
 CASES = load_patterns(PATTERNS)
 RUN = [c for c in CASES if not c.unsupported and not c.blocked]
+CONCURRENT_SESSIONS = 3
 
 
 def test_every_scenario_is_scripted_or_explained_for_every_cli() -> None:
@@ -51,18 +54,58 @@ def test_every_scenario_is_scripted_or_explained_for_every_cli() -> None:
     assert all(len(c.about) > 20 for c in CASES)
 
 
-@pytest.fixture
-def engine_side(request: pytest.FixtureRequest, engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:
-    """The shared proxy, or for an engine fault a proxy of its own whose engine URL is a fault point."""
-    case: PatternTask = request.param
-    faults = [f.call for f in case.faults if f.at == "engine"]
-    if not faults:
-        yield request.getfixturevalue("proxy")
-        return
-    with FaultPoint(engine_url, "http_500", faults) as point:
-        for handle in make_proxy(point.url, tmp_path / "records"):  # one proxy, stopped when the test ends
-            handle.fault_point = point  # type: ignore[attr-defined]
-            yield handle
+@dataclass
+class Ran:
+    """One scenario's session, run ahead of its test: the result, the fault points it went through, its directory."""
+
+    result: SessionResult | None
+    error: BaseException | None
+    engine_point: FaultPoint | None
+    client_point: FaultPoint | None
+    session_dir: Path
+
+
+def run_case(case: PatternTask, proxy: ProxyHandle, engine_url: str, tmp: Path) -> Ran:
+    """The CLI's session: through the shared proxy, or for an engine fault a proxy of its own whose engine URL is a
+    fault point, and for a client fault through a fault point in front of the proxy."""
+    engine_faults = [f.call for f in case.faults if f.at == "engine"]
+    client_faults = [f.call for f in case.faults if f.at == "client"]
+    engine_point = client_point = None
+    with ExitStack() as stack:
+        try:
+            if engine_faults:
+                engine_point = stack.enter_context(FaultPoint(engine_url, "http_500", engine_faults))
+                proxy = stack.enter_context(contextmanager(make_proxy)(engine_point.url, tmp / "records"))
+            client = proxy.client()
+            if client_faults:
+                client_point = stack.enter_context(FaultPoint(proxy.url, "disconnect", client_faults))
+                client = ProxyClient(url=client_point.url, admin_url=client.admin_url, admin_token=client.admin_token)
+            result = run_session(
+                get_harness(case.harness, **case.harness_options),
+                Task(instance_id=case.id, problem_statement=case.instruction, repo=PATTERNS / "repo"),
+                get_runtime("bwrap"),
+                client,
+                tmp / "session",
+                script=case.script,
+                session_config=case.session,
+                timeout=case.timeout_s,
+            )
+        except Exception as exc:  # reported by the scenario's own test
+            return Ran(None, exc, engine_point, client_point, tmp / "session")
+    return Ran(result, None, engine_point, client_point, tmp / "session")
+
+
+@pytest.fixture(scope="module")
+def sessions(
+    request: pytest.FixtureRequest, proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Ran]:
+    """The selected scenarios' sessions, a few at a time: a CLI session mostly waits on its own start-up and tools,
+    so they overlap on the one engine (the scripted policy holds every sampled token, whatever runs beside it)."""
+    chosen = [item.callspec.params["case"] for item in request.session.items if item.originalname == "test_pattern"]
+    dirs = [tmp_path_factory.mktemp(case.id) for case in chosen]
+    with ThreadPoolExecutor(max_workers=CONCURRENT_SESSIONS) as pool:
+        runs = pool.map(lambda c, d: run_case(c, proxy, engine_url, d), chosen, dirs)
+        return {case.id: ran for case, ran in zip(chosen, runs, strict=True)}
 
 
 def diagnosis(records: list[CallRecord], session_dir: Path) -> str:
@@ -92,33 +135,17 @@ def diagnosis(records: list[CallRecord], session_dir: Path) -> str:
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(
-    ("case", "engine_side"), [(c, c) for c in RUN], ids=[c.id for c in RUN], indirect=["engine_side"]
-)
-def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", RUN, ids=[c.id for c in RUN])
+def test_pattern(case: PatternTask, sessions: dict[str, Ran], model_dir: str) -> None:
+    ran = sessions[case.id]
+    if ran.error is not None:
+        raise ran.error
+    result = ran.result
+    assert result is not None
     harness = get_harness(case.harness, **case.harness_options)
-    task = Task(instance_id=case.id, problem_statement=case.instruction, repo=PATTERNS / "repo")
-    with ExitStack() as stack:
-        client = engine_side.client()
-        client_faults = [f.call for f in case.faults if f.at == "client"]
-        point = None
-        if client_faults:
-            point = stack.enter_context(FaultPoint(engine_side.url, "disconnect", client_faults))
-            client = ProxyClient(url=point.url, admin_url=client.admin_url, admin_token=client.admin_token)
-        result = run_session(
-            harness,
-            task,
-            get_runtime("bwrap"),
-            client,
-            tmp_path / "session",
-            script=case.script,
-            session_config=case.session,
-            timeout=case.timeout_s,
-        )
     assert result.status == "completed", result.error
     assert result.egress == []
-    engine_point = getattr(engine_side, "fault_point", None)
-    for p, kind in ((engine_point, "engine"), (point, "client")):
+    for p, kind in ((ran.engine_point, "engine"), (ran.client_point, "client")):
         if p is not None:  # every injected fault really happened, at the call it was meant for
             assert sorted(p.faulted) == sorted(f.call for f in case.faults if f.at == kind)
     records = result.records
@@ -130,7 +157,7 @@ def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: str, tm
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{case.id}.json").write_text(row.model_dump_json(indent=1))
     got = Expect.observed(row).model_dump()
-    assert got == expect.model_dump(), diagnosis(records, tmp_path / "session")
+    assert got == expect.model_dump(), diagnosis(records, ran.session_dir)
 
     # Nothing lost, every context proven; a call the proxy linked to its parent was continued, not re-rendered.
     assert row.audit_ok and row.tokens_lost == 0, row.audit_failures
@@ -155,7 +182,7 @@ def test_pattern(case: PatternTask, engine_side: ProxyHandle, model_dir: str, tm
     )
 
     # polar view shows every chain in the session's chain tree.
-    html = render_report([tmp_path / "session"])
+    html = render_report([ran.session_dir])
     for trace in built.traces:
         assert f'data-trace="{trace.trace_id}"' in html
 

@@ -433,6 +433,8 @@ def test_polar_grade_cli(tmp_path: Path) -> None:
         ("gemini_cli", "polar__intervals-1"),
         ("mini_swe_agent", "polar__confmerge-1"),
         ("hermes", "polar__humanfmt-1"),
+        ("copilot", "polar__taskgraph-1"),
+        ("cline", "polar__globmatch-1"),
     ],
 )
 def test_a_real_cli_solves_a_bundled_task_and_earns_the_reward(

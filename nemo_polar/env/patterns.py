@@ -25,6 +25,8 @@ HARNESS_ORDER = {
     "gemini_cli": 4,
     "mini_swe_agent": 5,
     "hermes": 6,
+    "copilot": 7,
+    "cline": 8,
 }  # the paper's, then ours
 SCENARIOS = (
     "subagent",

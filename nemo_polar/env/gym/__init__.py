@@ -10,7 +10,9 @@ from pathlib import Path
 # The Gym environments, one per Polar env (conf/env/<name>.yaml) of the same name.
 ENVIRONMENTS = (
     "polar_claude_code",
+    "polar_cline",
     "polar_codex",
+    "polar_copilot",
     "polar_gemini_cli",
     "polar_hermes",
     "polar_mini_swe_agent",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch, Unsupported
 from nemo_polar.env.harness.claude_code import ClaudeCode
+from nemo_polar.env.harness.cline import Cline
 from nemo_polar.env.harness.codex import Codex
+from nemo_polar.env.harness.copilot import Copilot
 from nemo_polar.env.harness.gemini_cli import GeminiCli
 from nemo_polar.env.harness.hermes import Hermes
 from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
@@ -13,7 +15,7 @@ from nemo_polar.env.harness.pi import Pi
 from nemo_polar.env.harness.qwen_code import QwenCode
 
 HARNESSES: dict[str, type[Harness]] = {
-    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes)
+    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes, Copilot, Cline)
 }
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +33,8 @@ COMMON_EXCLUDES = (
     ".opencode",
     ".gemini",
     ".hermes",
+    ".copilot",
+    ".cline",
     "node_modules",
     "__pycache__",
     "*.pyc",
@@ -46,6 +49,14 @@ def _run_install(argv: list[str], spec: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:2])} {spec} failed:\n{done.stderr[-2000:]}")
+
+
+def one_of(harness: str, option: str, value: str, allowed: Iterable[str]) -> str:
+    """An adapter option's value, or a clear error that names the values it takes."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ValueError(f"{harness} {option} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
 
 
 class HarnessMissing(RuntimeError):

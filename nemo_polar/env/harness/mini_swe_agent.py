@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Literal
 
-from nemo_polar.env.harness.base import Endpoint, Launch, PythonHarness, Unsupported
+from nemo_polar.env.harness.base import Endpoint, Launch, PythonHarness, Unsupported, one_of
 from nemo_polar.env.script import Action, EditFile, Final, ToolCalls
 from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
 
@@ -35,9 +35,7 @@ class MiniSweAgent(PythonHarness):
 
     def __init__(self, mode: Literal["tool_calls", "text"] = "tool_calls", step_limit: int = 0) -> None:
         """``mode``: ``tool_calls`` or ``text`` (above). ``step_limit``: model calls before the run stops (0: none)."""
-        if mode not in CONFIGS:
-            raise ValueError(f"mini_swe_agent mode must be one of {', '.join(CONFIGS)}, not {mode!r}")
-        self.mode = mode
+        self.mode = one_of("mini_swe_agent", "mode", mode, CONFIGS)
         self.step_limit = step_limit
 
     def launch(self, instruction: str, endpoint: Endpoint, *, root: str, home: str, workspace: str) -> Launch:
