@@ -288,8 +288,9 @@ def test_openai_keepalives_are_sse_comments(faulty: ProxyHandle) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
 
 
-# @google/genai's processStreamResponse (the SDK Gemini CLI bundles) reads frames only with this pattern, from the
-# start of its buffer: anything else (an SSE comment) stays there and fails the stream at its end.
+# @google/genai's processStreamResponse (responseLineRE, as bundled in npm @google/gemini-cli 0.61.0,
+# bundle/chunk-JDPZ4CE3.js) reads frames only with this pattern, from the start of its buffer: anything else (an SSE
+# comment) stays there and fails the stream at its end.
 GENAI_FRAME = re.compile(r"^\s*data: (.*)(?:\n\n|\r\r|\r\n\r\n)")
 
 
