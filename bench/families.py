@@ -3,15 +3,15 @@
 Each family's stand-in (``tiny-<family>``: its real tokenizer and chat template, random weights, served by vLLM with
 the family's own tool-call and reasoning parsers; nemo_polar/engine/build_models.py) gets, in continuation mode:
 
-- **requests**: every real CLI request body in tests/fixtures/harness_requests (9 harnesses, 4 APIs) sent to the proxy:
+- **requests**: every real CLI request body in tests/fixtures/harness_requests (11 harnesses, 4 APIs) sent to the proxy:
   how many it accepted (a template that renders no tools refuses tools requests: the reason is given), and on how
   many the prompt it gave the engine equals the engine's own ``/tokenize`` render of the same conversation;
 - **CLI sessions**: the demo's real harnesses (Codex, Claude Code, Qwen Code, Pi, Gemini CLI, mini-swe-agent,
-  Hermes, Copilot CLI, Cline), each on its bundled task with the scripted policy written by the family's template:
-  sessions solved, scripted tool calls that came back to the CLI as tool calls (a session only goes on to its next
-  call, and only solves its task, if the CLI ran the call), merged traces per session and breaks (history policy
-  ``sampled``), and the audit (every trainable token an id the engine sampled, every stitched context the
-  engine's prompt);
+  Hermes, Copilot CLI, Cline, opencode, OpenHands SDK), each on its bundled task with the scripted policy written
+  by the family's template: sessions solved, scripted tool calls that came back to the CLI as tool calls (a session
+  only goes on to its next call, and only solves its task, if the CLI ran the call), merged traces per session and
+  breaks (history policy ``sampled``), and the audit (every trainable token an id the engine sampled, every
+  stitched context the engine's prompt);
 - **render**: the proxy's per-call render at 32k tokens (``bench.render_scale --context 32768``).
 
     python -m bench.families [--only tiny-llama3 /models/MyModel ...] [--no-docs]

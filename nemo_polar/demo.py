@@ -47,6 +47,8 @@ TASKS = {
     "polar_hermes": "polar__textstats-1",
     "polar_copilot": "polar__money-1",
     "polar_cline": "polar__intervals-1",
+    "polar_opencode": "polar__confmerge-1",
+    "polar_openhands_sdk": "polar__humanfmt-1",
 }
 
 

@@ -2,8 +2,8 @@
 # System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git, python3-venv (the Python
 # harnesses' venvs); and, unless called with
 # `demo` (what `make demo` needs is only those), chromium (report test) and for bwrap over docker images without a
-# docker daemon: skopeo + umoci (image -> rootfs) and patchelf (the host's socat and node made to run on any image's
-# libc).
+# docker daemon: skopeo + umoci (image -> rootfs) and patchelf (also there: the host's socat and node made to run
+# on any image's libc).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
@@ -11,11 +11,14 @@ command -v socat >/dev/null || missing+=(socat)
 command -v git >/dev/null || missing+=(git)
 # Python harnesses (mini-swe-agent) get a venv made from the system's python3, the one every sandbox sees.
 /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+# The OpenHands SDK harness: its Python 3.12 is copied into its install with relative run paths (patchelf); its
+# terminal tool runs commands in tmux.
+command -v patchelf >/dev/null || missing+=(patchelf)
+command -v tmux >/dev/null || missing+=(tmux)
 if [ "${1:-all}" != demo ]; then
   command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
   command -v skopeo >/dev/null || missing+=(skopeo)
   command -v umoci >/dev/null || missing+=(umoci)
-  command -v patchelf >/dev/null || missing+=(patchelf)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "system packages: all present (cached)"

@@ -142,3 +142,15 @@ def images() -> dict[str, Any]:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "build_swebench5_images.sh")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return {i.instance_id: i for i in select_instances(TASKS)}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests parametrized over a model family (the ``family`` fixture, one family's engine at a time) run family by
+    family, whichever test function they belong to, so each family's engine starts once: their items are put back
+    into the same slots, grouped by family in order of first appearance."""
+    slots = [i for i, item in enumerate(items) if "family" in getattr(getattr(item, "callspec", None), "params", {})]
+    chosen = [items[i] for i in slots]
+    order = list(dict.fromkeys(item.callspec.params["family"] for item in chosen))  # type: ignore[attr-defined]
+    grouped = sorted(chosen, key=lambda item: order.index(item.callspec.params["family"]))  # type: ignore[attr-defined]
+    for slot, item in zip(slots, grouped, strict=True):
+        items[slot] = item

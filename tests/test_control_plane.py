@@ -122,9 +122,17 @@ def probe_repo(tmp: Path) -> Path:
     return repo
 
 
+# Every harness probes from bwrap; docker's relay and network are the container's, whatever runs in it, so it is probed
+# by one of each kind of harness install: a native CLI binary, a Node bundle on the host's node, a Python venv on the
+# system's interpreter, and a Python that brings its own (each harness also runs a whole session in docker:
+# test_docker.py).
+DOCKER_PROBES = ("claude_code", "qwen_code", "mini_swe_agent", "openhands_sdk")
+
+
 @pytest.mark.engine
-@pytest.mark.parametrize("runtime", ["bwrap", "docker"])
-@pytest.mark.parametrize("harness", ENV_HARNESSES)
+@pytest.mark.parametrize(
+    ("harness", "runtime"), [(h, "bwrap") for h in ENV_HARNESSES] + [(h, "docker") for h in DOCKER_PROBES]
+)
 def test_an_agent_cannot_reach_the_control_plane_through_the_relay(
     guarded: ProxyHandle, victim: dict[str, str], harness: str, runtime: str, tmp_path: Path
 ) -> None:

@@ -344,6 +344,8 @@ SOLVED = [
     ("polar_hermes", "polar__intervals-1"),
     ("polar_copilot", "polar__confmerge-1"),
     ("polar_cline", "polar__csvlite-1"),
+    ("polar_opencode", "polar__globmatch-1"),
+    ("polar_openhands_sdk", "polar__taskgraph-1"),
 ]
 
 

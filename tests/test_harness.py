@@ -8,7 +8,6 @@ the records, the patch, the merged trace and the egress audit are checked.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import shutil
 import time
@@ -285,7 +284,17 @@ def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("harness", ENV_HARNESSES)
-def test_polar_rollout_cli(harness: str, engine_url: str, tmp_path: Path) -> None:
+def test_every_env_composes_into_its_harness(harness: str) -> None:
+    """`env=polar_<cli>` composes (Hydra) into a spec whose adapter takes its options: what `polar rollout` runs.
+    Each adapter's session itself runs in test_scripted_session_in_bwrap; the command line once, below."""
+    from nemo_polar.env.rollout import compose, env_spec
+
+    spec = env_spec(compose([f"env=polar_{harness}", f"task={TASK_FILE}", "engine.url=http://127.0.0.1:1"]))
+    assert spec.name == f"polar_{harness}" and spec.harness == harness
+    assert get_harness(spec.harness, **spec.harness_options).name == harness
+
+
+def test_polar_rollout_cli(engine_url: str, tmp_path: Path) -> None:
     """`polar rollout env=polar_<cli> task=FILE` composes the Hydra config and writes the session directory."""
     import subprocess
     import sys
@@ -297,7 +306,7 @@ def test_polar_rollout_cli(harness: str, engine_url: str, tmp_path: Path) -> Non
             "-m",
             "nemo_polar.cli",
             "rollout",
-            f"env=polar_{harness}",
+            "env=polar_codex",
             f"task={TASK_FILE}",
             f"engine.url={engine_url}",
             f"out={out}",
@@ -309,9 +318,9 @@ def test_polar_rollout_cli(harness: str, engine_url: str, tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert summary["env"] == f"polar_{harness}" and summary["status"] == "completed" and summary["calls"] == 5
+    assert summary["env"] == "polar_codex" and summary["status"] == "completed" and summary["calls"] == 5
     assert EXPECTED_PATCH in (out / "patch.diff").read_text()
-    assert json.loads((out / "session.json").read_text())["harness"] == harness
+    assert json.loads((out / "session.json").read_text())["harness"] == "codex"
 
 
 @pytest.mark.parametrize(
@@ -332,18 +341,6 @@ def test_polar_rollout_bad_input(overrides: list[str], message: str, monkeypatch
     monkeypatch.delenv("POLAR_ENGINE_URL", raising=False)
     with pytest.raises(SystemExit, match=message):
         main(["rollout", *overrides])
-
-
-def test_opencode_scripted_session(proxy: ProxyHandle, tmp_path: Path) -> None:
-    """opencode, the fifth harness: same session; its one known side request (a package lookup even
-    with plugins, model fetches and auto-update off) is refused by the sandbox and shows up in the audit."""
-    result = run(proxy, "opencode", tmp_path)
-    assert result.status == "completed", result.error
-    assert len(result.records) == 5 and all(r.complete for r in result.records)
-    assert EXPECTED_PATCH in result.patch
-    assert all(a.kind == "dns" and re.fullmatch(r"[\w.-]+", a.target) for a in result.egress)  # lookups, refused
-    built = prefix_merging(result.records)
-    assert len(built.traces) == 1 and not built.break_reasons
 
 
 def process_lines_holding(secret: str) -> list[str]:
@@ -452,10 +449,20 @@ def test_hermes_verify_nudges_are_turns_of_the_same_chain(proxy: ProxyHandle, tm
     assert [t.call_ids for t in prefix_merging(result.records).traces] == [[r.call_id for r in result.records]]
 
 
-@pytest.mark.parametrize(("harness", "api"), [("copilot", "responses"), ("copilot", "messages"), ("cline", "messages")])
+@pytest.mark.parametrize(
+    ("harness", "api"),
+    [
+        ("copilot", "responses"),
+        ("copilot", "messages"),
+        ("cline", "messages"),
+        ("opencode", "responses"),
+        ("opencode", "messages"),
+    ],
+)
 def test_a_harness_over_its_other_dialects(proxy: ProxyHandle, harness: str, api: str, tmp_path: Path) -> None:
-    """Copilot CLI's provider can be OpenAI Responses or Anthropic Messages, Cline's Anthropic Messages, as well as
-    Chat Completions (their environments' default, run everywhere else): the same session, one chain, in each."""
+    """Copilot CLI's and opencode's provider can be OpenAI Responses or Anthropic Messages, Cline's Anthropic Messages,
+    as well as Chat Completions (their environments' default, run everywhere else): the same session, one chain, in
+    each."""
     result = run_session(
         get_harness(harness, api=api),
         task(),
@@ -476,6 +483,7 @@ def test_a_harness_over_its_other_dialects(proxy: ProxyHandle, harness: str, api
     [
         ("copilot", "api", "chat, responses, messages"),
         ("cline", "api", "chat, messages"),
+        ("opencode", "api", "chat, responses, messages"),
         ("mini_swe_agent", "mode", ""),
     ],
 )

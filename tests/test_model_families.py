@@ -108,6 +108,13 @@ def qwen3_5(serve: OneFamilyAtATime) -> ProxyHandle:
     return serve(QWEN3_5).proxy
 
 
+@pytest.fixture(scope="module")
+def family(request: pytest.FixtureRequest, serve: OneFamilyAtATime) -> Served:
+    """A family's engine and proxy, for tests parametrized over families (``indirect``): conftest runs each family's
+    tests together, across test functions, so its engine starts once for all of them."""
+    return serve(request.param)
+
+
 def _engine_render(engine_url: str, fixture: dict[str, Any], traits: TemplateTraits) -> list[int]:
     """The engine's own render (``/tokenize`` with the model's template) of the conversation the proxy parsed."""
     conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
@@ -436,12 +443,6 @@ def _demo_on(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
             )
 
 
-def test_the_demo_runs_on_qwen3_5(
-    serve: OneFamilyAtATime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _demo_on(serve(QWEN3_5), tmp_path, monkeypatch, capsys)
-
-
 @pytest.mark.parametrize(
     ("template", "traits"),
     [
@@ -486,17 +487,16 @@ def test_a_tools_request_to_a_template_without_tools_is_refused(engine_url: str,
         assert [r["status_code"] for r in records] == [400, 200] and "renders no tools" in records[0]["error"]
 
 
-@pytest.mark.parametrize(("family", "harness", "name"), [(f, h, n) for f in TRAITS for h, n in all_fixtures()])
-def test_every_cli_request_replays_on_the_family_model(
-    serve: OneFamilyAtATime, family: str, harness: str, name: str
-) -> None:
+@pytest.mark.parametrize(
+    ("family", "harness", "name"), [(f, h, n) for f in TRAITS for h, n in all_fixtures()], indirect=["family"]
+)
+def test_every_cli_request_replays_on_the_family_model(family: Served, harness: str, name: str) -> None:
     """Accepted (Gemma 3's template has no tools: refused), the system messages placed where the template takes them
     as the proxy's probe found, the proxy's render equal to the engine's, ids and logprobs the engine's."""
-    served = serve(family)
-    family_proxy, family_engine = served.proxy, served.engine
+    family_proxy, family_engine = family.proxy, family.engine
     fixture = load_fixture(harness, name)
     overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-    traits = TRAITS[family]
+    traits = TRAITS[family.model]
     assert _probed(family_proxy) == traits
     conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
     if conv.tools and not traits.renders_tools:  # Gemma 3: the model would never see the tools
@@ -532,7 +532,7 @@ def test_every_cli_request_replays_on_the_family_model(
     # Mistral's strict alternation: the user messages that then stand in a row are joined, and only for it.
     assert any(n.startswith("users_joined:") for n in notes) <= traits.join_users
     assert rec["prompt_token_ids"] == engine_render
-    assert_engine_sampled(family_engine, family, rec)
+    assert_engine_sampled(family_engine, family.model, rec)
 
 
 class EngineOnTransformers:
@@ -638,12 +638,8 @@ def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATi
     assert not rec["complete"] and "cannot write script entry 0" in rec["error"]
 
 
-@pytest.mark.parametrize("model", ["tiny-llama3", "tiny-gpt_oss", "tiny-glm", "tiny-mistral"])  # llama3's is running
+@pytest.mark.parametrize("family", [QWEN3_5, "tiny-llama3", "tiny-gpt_oss", "tiny-glm", "tiny-mistral"], indirect=True)
 def test_the_demo_runs_on_the_family(
-    serve: OneFamilyAtATime,
-    model: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    family: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _demo_on(serve(model), tmp_path, monkeypatch, capsys)
+    _demo_on(family, tmp_path, monkeypatch, capsys)

@@ -344,8 +344,9 @@ def test_log_markers_are_swebench_s() -> None:
     assert report == "PASSED a\n=== 1 passed in 0.1s ==="
 
 
+# Each case waits out its timeout; what decides the verdict is the grader's clock, not the instance: three of them.
 @pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("base", INSTANCES, ids=IDS)
+@pytest.mark.parametrize("base", INSTANCES[:3], ids=IDS[:3])
 def test_test_suite_timeout_is_masked(base: SWEInstance, runtime: str, tmp_path: Path) -> None:
     inst = base.model_copy(update={"test_timeout_s": 3.0})
     source = _patched_files(inst.patch)[0]
@@ -435,6 +436,8 @@ def test_polar_grade_cli(tmp_path: Path) -> None:
         ("hermes", "polar__humanfmt-1"),
         ("copilot", "polar__taskgraph-1"),
         ("cline", "polar__globmatch-1"),
+        ("opencode", "polar__ratelimit-1"),
+        ("openhands_sdk", "polar__csvlite-1"),
     ],
 )
 def test_a_real_cli_solves_a_bundled_task_and_earns_the_reward(

@@ -27,6 +27,8 @@ HARNESS_ORDER = {
     "hermes": 6,
     "copilot": 7,
     "cline": 8,
+    "opencode": 9,
+    "openhands_sdk": 10,
 }  # the paper's, then ours
 SCENARIOS = (
     "subagent",

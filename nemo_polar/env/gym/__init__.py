@@ -16,6 +16,8 @@ ENVIRONMENTS = (
     "polar_gemini_cli",
     "polar_hermes",
     "polar_mini_swe_agent",
+    "polar_opencode",
+    "polar_openhands_sdk",
     "polar_pi",
     "polar_qwen_code",
 )

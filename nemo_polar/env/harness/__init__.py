@@ -11,11 +11,13 @@ from nemo_polar.env.harness.gemini_cli import GeminiCli
 from nemo_polar.env.harness.hermes import Hermes
 from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
 from nemo_polar.env.harness.opencode import OpenCode
+from nemo_polar.env.harness.openhands_sdk import OpenHandsSdk
 from nemo_polar.env.harness.pi import Pi
 from nemo_polar.env.harness.qwen_code import QwenCode
 
 HARNESSES: dict[str, type[Harness]] = {
-    h.name: h for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes, Copilot, Cline)
+    h.name: h
+    for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes, Copilot, Cline, OpenHandsSdk)
 }
 
 

@@ -35,6 +35,7 @@ COMMON_EXCLUDES = (
     ".hermes",
     ".copilot",
     ".cline",
+    ".openhands",
     "node_modules",
     "__pycache__",
     "*.pyc",
@@ -57,6 +58,12 @@ def one_of(harness: str, option: str, value: str, allowed: Iterable[str]) -> str
     if value not in allowed:
         raise ValueError(f"{harness} {option} must be one of {', '.join(allowed)}, not {value!r}")
     return value
+
+
+def uv_binary() -> str:
+    """uv, on PATH or beside the project's interpreter ('' if neither)."""
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    return uv if Path(uv).exists() else ""
 
 
 class HarnessMissing(RuntimeError):
@@ -223,8 +230,7 @@ class PythonHarness(Harness):
             raise RuntimeError(f"{cls.name} needs {SYSTEM_PYTHON} (the system's python3 and python3-venv)")
         _run_install([SYSTEM_PYTHON, "-m", "venv", str(prefix / "venv")], spec)
         python = str(prefix / "venv" / "bin" / "python")
-        uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
-        if Path(uv).exists():  # several times faster than pip at a few hundred pinned packages
+        if uv := uv_binary():  # several times faster than pip at a few hundred pinned packages
             _run_install([uv, "pip", "install", "--quiet", "--python", python, spec], spec)
         else:
             _run_install([python, "-m", "pip", "install", "--quiet", spec], spec)
