@@ -2,8 +2,9 @@
 
 One file per scenario and CLI, ``<tasks>/<scenario>/<harness>.yaml``, all on the shared ``<tasks>/repo``. A file
 either scripts the session (the instruction, the CLI's own settings that trigger the feature, the faults injected
-around the proxy, the engine's turns in call order) and says what reconstruction must find, or says why the CLI
-has no such feature (``unsupported``). Tests run every scripted file with the real CLI in bubblewrap.
+around the proxy, the engine's turns in call order) and says what reconstruction must find (each exact outcome,
+where a race inside the CLI decides between them), or says why the CLI has no such feature (``unsupported``). Tests
+run every scripted file with the real CLI in bubblewrap.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class PatternTask(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     script: list[Action] = Field(default_factory=list)
     expect: Expect | None = None
+    also: list[Expect] = Field(
+        default_factory=list, description="other exact outcomes a race inside the CLI itself can give (see `about`)"
+    )
     timeout_s: float = 300.0
 
     @model_validator(mode="after")
