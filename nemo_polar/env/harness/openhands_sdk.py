@@ -99,6 +99,8 @@ class OpenHandsSdk(PythonHarness):
     def install_into(cls, prefix: Path) -> str:
         if shutil.which("patchelf") is None:
             raise RuntimeError("openhands_sdk's install needs patchelf (make setup installs it)")
+        if not (uv := uv_binary()):  # the copied interpreter has no pip: its site-packages start empty
+            raise RuntimeError("openhands_sdk's install needs uv (the project's venv has it: make setup)")
         python = prefix / "python"
         shutil.rmtree(python, ignore_errors=True)
         shutil.copytree(
@@ -113,7 +115,7 @@ class OpenHandsSdk(PythonHarness):
         relocate(python)
         exe = str(python / "bin" / cls.bin)
         spec = f"{cls.package}=={cls.version}"
-        install = [uv_binary(), "pip", "install", "--quiet", "--compile-bytecode", "--python", exe]
+        install = [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", exe]
         _run_install([*install, spec, *TOOLS_REQUIREMENTS], spec)
         _run_install([*install, "--no-deps", f"openhands-tools=={cls.version}"], spec)
         return f"{spec} openhands-tools=={cls.version}"
