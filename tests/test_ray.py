@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ import pytest
 import ray
 from pydantic import ValidationError
 
+from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.ray import ControllerConfig, RolloutController
 from nemo_polar.env.gateway.testing import ChatLoopGateway
+from nemo_polar.env.session import SessionResult
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
@@ -29,7 +32,16 @@ INSTANCE = bundled_instances()[0]
 
 
 class LightGateway(ChatLoopGateway):
-    """Chat-loop sessions (``turns`` calls ``hold_s`` apart, harness_options) on a gateway that can be made to die."""
+    """Chat-loop sessions (``turns`` calls ``hold_s`` apart, harness_options) on a gateway that can be made to die;
+    a session with ``hold_until`` (a path) waits in its run stage until that file exists."""
+
+    def run_harness(
+        self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
+    ) -> SessionResult:
+        gate = request.harness_options.get("hold_until")
+        while gate and not Path(gate).exists() and not cancel.wait(0.05):
+            pass
+        return super().run_harness(request, attempt, budget, cancel)
 
     def finished(self, request: SessionRequest, outcome: SessionOutcome) -> None:
         if request.harness_options.get("die_after_finish"):
@@ -143,13 +155,24 @@ def test_a_killed_gateway_has_its_unfinished_sessions_redispatched(
 def test_a_result_written_before_the_death_is_kept_and_the_rest_reported(
     cluster: None, proxy: ProxyHandle, tmp_path: Path
 ) -> None:
-    """max_redispatch=0: the dying gateway's finished result is read from its disk, its others fail with a reason."""
+    """max_redispatch=0: the dying gateway's finished result is read from its disk, its others fail with a reason.
+    The others wait in their run stage until the death is seen, so none can finish before it (no race on time);
+    run slots for all, so none queues behind them."""
+    release = tmp_path / "release"
     requests = [light("last-words", turns=1, die_after_finish=True)]
-    requests += [light(f"d{i}", turns=2, hold_s=1.0) for i in range(5)]
+    requests += [light(f"d{i}", turns=2, hold_until=str(release)) for i in range(5)]
 
     async def scenario() -> list[SessionOutcome]:
-        async with controller(proxy, tmp_path, max_redispatch=0) as ctl:
-            return await asyncio.wait_for(ctl.run(requests), 60)
+        async with controller(proxy, tmp_path, max_redispatch=0, gateway={"run_slots": len(requests)}) as ctl:
+            task = asyncio.ensure_future(ctl.run(requests))
+
+            async def death_seen() -> None:
+                while len(await ctl.pressure()) == 2:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(death_seen(), 60)
+            release.touch()  # the survivors go on
+            return await asyncio.wait_for(task, 60)
 
     outcomes = asyncio.run(scenario())
     assert [o.request_id for o in outcomes] == [r.request_id for r in requests]
