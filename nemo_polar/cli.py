@@ -185,7 +185,7 @@ def _generate(args: argparse.Namespace) -> int:
     from nemo_polar.rewards.instance import select_instances
 
     try:
-        instances = select_instances(args.instances, args.instance_id, args.limit)
+        instances = select_instances(args.instances, args.instance_id, args.limit, args.container_formatter)
         scripted = args.scripted if args.scripted is not None else str(args.instances) == "bundled"
         with serve_proxy(
             args.engine_url,
@@ -236,6 +236,16 @@ def _learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _container_formatter_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--container-formatter",
+        action="append",
+        metavar="TEMPLATE",
+        help="the image of a NeMo Gym row that names none, as Gym's SWE agents find it: a .sif path or an image name "
+        "with {instance_id} (repeatable: tried in order; see docs/train.md)",
+    )
+
+
 def _convert_rows(args: argparse.Namespace) -> int:
     from nemo_polar.rewards.legacy import convert_file
 
@@ -261,7 +271,7 @@ def _grade(args: argparse.Namespace) -> int:
     from nemo_polar.sandbox import RuntimeUnavailable
 
     try:
-        instances = select_instances(args.instances)
+        instances = select_instances(args.instances, container_formatter=args.container_formatter)
         by_id = {inst.instance_id: inst for inst in instances}
         text = args.predictions.read_text()
         rows = (
@@ -479,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--env", default="polar_pi", help=", ".join(ENVIRONMENTS))
     gen.add_argument("--instances", type=Path, required=True, help="'bundled', a SWE-bench/SWE-Gym JSONL or HF files")
+    _container_formatter_arg(gen)
     gen.add_argument("--instance-id", action="append", help="only this instance (repeatable)")
     gen.add_argument("--limit", type=int, help="only the first N instances")
     gen.add_argument("--attempts", type=int, default=4, help="attempts per instance (default 4)")
@@ -522,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--instances", type=Path, required=True, help="JSONL, local HF dataset files, a bundled task dir, or 'bundled'"
     )
+    _container_formatter_arg(grade)
     grade.add_argument("--predictions", type=Path, required=True, help="{instance_id, model_patch} rows (JSONL/JSON)")
     grade.add_argument("--runtime", choices=["bwrap", "docker", "local"], default="bwrap")
     grade.add_argument(

@@ -29,7 +29,7 @@ from nemo_gym.server_utils import ServerClient
 from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.agent import PolarAgent, PolarAgentConfig
-from nemo_polar.env.gym.rows import example_rows, instance_from_row
+from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, instance_from_row
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
@@ -49,8 +49,9 @@ def agent_client(tmp_path: Path) -> Iterator[TestClient]:
     agent.close()
 
 
-def row_for(env: str, instance_id: str) -> dict[str, Any]:
-    return next(r for r in example_rows(agent_name(env)) if r["instance_id"] == instance_id)
+def row_for(env: str, instance_id: str, shape: Shape = "polar") -> dict[str, Any]:
+    [inst] = [i for i in bundled_instances() if i.instance_id == instance_id]
+    return example_row(inst, agent_name(env), shape)
 
 
 def nemo_rl_sample(result: dict[str, Any], mask_flagged_samples: bool = True) -> dict[str, Any]:
@@ -220,7 +221,24 @@ BASE = row_for("polar_pi", "polar__textstats-1")
 BAD_ROWS = {
     "no_params": ({k: v for k, v in BASE.items() if k != "responses_create_params"}, "responses_create_params"),
     "unknown_param": (_bad(BASE, responses_create_params={"input": "fix it", "bogus": 1}), "bogus"),
-    "no_user_text": (_bad(BASE, responses_create_params={"input": []}), "no user text"),
+    "no_task_text": (
+        {
+            "responses_create_params": {"input": []},
+            "instance_id": "x__y-1",
+            "image": "i",
+            "repo": "x/y",
+            "FAIL_TO_PASS": [],
+        },
+        "x__y-1: no task text",
+    ),
+    "instance_dict_not_json": (
+        {"responses_create_params": {"input": [], "metadata": {"instance_id": "x", "instance_dict": "{"}}},
+        "metadata.instance_dict is not JSON",
+    ),
+    "two_instances": (
+        _bad(BASE, responses_create_params={"input": [], "metadata": {"instance_id": "polar__money-1"}}),
+        "the row names two instances",
+    ),
     "no_instance_id": ({k: v for k, v in BASE.items() if k != "instance_id"}, "no instance_id"),
     "unknown_instance": (_bad(BASE, instance_id="nope__nope-1"), "'nope__nope-1' is not a bundled instance"),
     "bad_f2p_json": (_bad(BASE, FAIL_TO_PASS="[not json"), "FAIL_TO_PASS"),
@@ -244,7 +262,7 @@ def test_a_row_with_its_own_repo_must_carry_the_instance_fields(agent_client: Te
     row = {"responses_create_params": {"input": "fix it"}, "instance_id": "x__y-1", "repo_path": str(tmp_path)}
     resp = agent_client.post("/run", json=row)
     assert resp.status_code == 422
-    assert "missing SWE-bench instance field(s): repo, problem_statement, FAIL_TO_PASS" in resp.text
+    assert "missing SWE-bench instance field(s): repo, FAIL_TO_PASS" in resp.text
     full = {**row, "repo": "x/y", "problem_statement": "p", "FAIL_TO_PASS": '["t::a"]'}
     resp = agent_client.post("/run", json=full)  # valid instance, but the scripted agent needs a script
     assert resp.status_code == 422 and "has no script" in resp.text
@@ -350,11 +368,12 @@ SOLVED = [
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(("env", "instance_id"), SOLVED)
+@pytest.mark.parametrize(("env", "instance_id", "shape"), [(*s, SHAPES[n % 3]) for n, s in enumerate(SOLVED)])
 def test_run_solves_a_bundled_task_and_returns_a_trainable_sample(
-    records_proxy: ProxyHandle, env: str, instance_id: str, tmp_path: Path
+    records_proxy: ProxyHandle, env: str, instance_id: str, shape: Shape, tmp_path: Path
 ) -> None:
-    result = _run(records_proxy, env, row_for(env, instance_id), tmp_path)
+    """Each harness on a bundled task, the row in one of Gym's shapes (ours, swe_agents', anyswe's) in turn."""
+    result = _run(records_proxy, env, row_for(env, instance_id, shape), tmp_path)
     assert result["session_status"] == "completed" and result["grade_status"] == "resolved", result
     assert (result["reward"], result["mask_sample"], result["failure_kind"]) == (1.0, False, None)
     assert result["fail_to_pass"] == 1.0 and result["pass_to_pass"] == 1.0

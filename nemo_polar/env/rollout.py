@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.harness import get_harness
@@ -177,7 +177,9 @@ def dataset_instances(dataset: DictConfig) -> list[SWEInstance]:
 
     limit = int(dataset.limit) if dataset.get("limit") else None
     try:
-        return select_instances(str(dataset.path), list(dataset.get("instance_ids") or []), limit)
+        formatter = dataset.get("container_formatter")
+        formatter = list(formatter) if isinstance(formatter, ListConfig) else formatter
+        return select_instances(str(dataset.path), list(dataset.get("instance_ids") or []), limit, formatter)
     except ValueError as exc:
         raise ValueError(f"dataset {dataset.name}: {exc}") from None
 

@@ -150,9 +150,18 @@ def read_rows(path: Path, split: str = "test") -> list[tuple[str, dict[str, Any]
     return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
 
 
-def load_rows(path: Path, split: str = "test") -> list[SWEInstance]:
-    """Instances from :func:`read_rows`; ``repo_path`` may be relative to the file. Errors name file and row."""
-    return [_validate(where, row, path.parent) for where, row in read_rows(path, split)]
+def load_rows(path: Path, split: str = "test", container_formatter: str | list[str] | None = None) -> list[SWEInstance]:
+    """Instances from :func:`read_rows`; ``repo_path`` may be relative to the file. Errors name file and row. NeMo
+    Gym's rows (any of its SWE shapes, :mod:`nemo_polar.rewards.gym_rows`) are read as Gym's agents read them,
+    ``container_formatter`` naming the images of those that name none."""
+    from nemo_polar.rewards.gym_rows import instance_from_row, is_gym_row
+
+    return [
+        instance_from_row(row, container_formatter=container_formatter, where=where)
+        if is_gym_row(row)
+        else _validate(where, row, path.parent)
+        for where, row in read_rows(path, split)
+    ]
 
 
 def load_task_repo(path: Path) -> list[SWEInstance]:
@@ -175,18 +184,22 @@ def is_task_dir(path: Path) -> bool:
     return (path / "tasks").is_dir() or (path / "task.yaml").is_file()
 
 
-def load_instances(path: Path) -> list[SWEInstance]:
+def load_instances(path: Path, container_formatter: str | list[str] | None = None) -> list[SWEInstance]:
     if path.is_dir() and is_task_dir(path):
         return load_task_repo(path)
-    return load_rows(path)
+    return load_rows(path, container_formatter=container_formatter)
 
 
 def select_instances(
-    source: str | Path, instance_ids: Sequence[str] | None = None, limit: int | None = None
+    source: str | Path,
+    instance_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    container_formatter: str | list[str] | None = None,
 ) -> list[SWEInstance]:
     """``"bundled"`` or anything :func:`load_instances` reads; then only ``instance_ids`` (in that order) and/or the
     first ``limit``. Unknown ids and an empty selection are errors naming the problem."""
-    instances = bundled_instances() if str(source) == "bundled" else load_instances(Path(source))
+    bundled = str(source) == "bundled"
+    instances = bundled_instances() if bundled else load_instances(Path(source), container_formatter)
     if instance_ids:
         by_id = {i.instance_id: i for i in instances}
         unknown = [i for i in instance_ids if i not in by_id]

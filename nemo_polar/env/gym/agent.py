@@ -48,6 +48,7 @@ from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import per_request
 from nemo_polar.reconstruct.gym import gym_output_items
+from nemo_polar.rewards.gym_rows import swe_fields
 from nemo_polar.rewards.instance import SWEInstance
 
 # ``staging: direct`` calls it like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=,
@@ -82,6 +83,12 @@ class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     )
     gateway: dict[str, Any] = Field(
         default_factory=dict, description="GatewayConfig fields over the defaults (init_workers, post_workers, ...)"
+    )
+    container_formatter: str | list[str] | None = Field(
+        default=None,
+        description="the instance image of a row that names none, as Gym's SWE agents take it: a template with "
+        "{instance_id}, a .sif path (the first existing, id as is, then __ as _1776_ or _s_) or an image name "
+        "(docker://swebench/sweb.eval.x86_64.{instance_id}: __ as _1776_, lower case), or a list tried in order",
     )
     mask_main_chain_breaks: bool = Field(
         default=True,
@@ -202,7 +209,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
 
     async def run(self, body: PolarRunRequest) -> PolarVerifyResponse:
         try:
-            env, instance, session_dir = self._plan(body)
+            env, instance, session_dir = await asyncio.to_thread(self._plan, body)  # may run a tool (eval script)
         except (RowError, UnknownEnv, ValueError) as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
         t0 = time.monotonic()
@@ -237,8 +244,8 @@ class PolarAgent(SimpleResponsesAPIAgent):
             harness=None if body.polar_env else c.harness, harness_options=c.harness_options, session=c.session
         )
         env = resolve_env(body.polar_env or c.env, overrides)
-        params = body.responses_create_params.model_dump(exclude_none=True)
-        instance = instance_from_row(body.model_extra or {}, instruction(params))
+        row = {**(body.model_extra or {}), "responses_create_params": self._params(body)}
+        instance = instance_from_row(row, container_formatter=self.config.container_formatter)
         if self.config.scripted:
             if not instance.script:
                 raise RowError(f"{instance.instance_id}: the agent is scripted but the instance has no script")
@@ -249,6 +256,11 @@ class PolarAgent(SimpleResponsesAPIAgent):
         rollout_id = maybe_rollout_id_from_run_body(body)  # raises ValueError on a malformed _ng_rollout_id
         work_dir = self.config.work_dir or cache_dir() / "gym"
         return env, instance, work_dir / f"{rollout_id or instance.instance_id}-{uuid.uuid4().hex[:8]}"
+
+    @staticmethod
+    def _params(body: PolarRunRequest) -> dict[str, Any]:
+        """``responses_create_params`` as the row sent it (Gym's model keeps ``metadata`` as an extra)."""
+        return body.responses_create_params.model_dump(exclude_none=True)
 
     def _session_config(self, body: PolarRunRequest, env: PolarEnvSpec) -> dict[str, Any]:
         session_config = {**env.session}
@@ -361,8 +373,9 @@ class PolarAgent(SimpleResponsesAPIAgent):
 
     def _probe_call(self, body: PolarRunRequest) -> CallRecord | None:
         """One token for the row's prompt through a proxy session (so it is recorded like any call), or None."""
-        params = body.responses_create_params.model_dump(exclude_none=True)
-        request = {"model": self.config.model, "messages": [{"role": "user", "content": instruction(params)}]}
+        row = {**(body.model_extra or {}), "responses_create_params": self._params(body)}
+        text = instruction(row["responses_create_params"]) or str(swe_fields(row).get("problem_statement") or ".")
+        request = {"model": self.config.model, "messages": [{"role": "user", "content": text}]}
         try:
             proxy = self._proxy_client()
             session_id, key = proxy.create_session(
