@@ -2,8 +2,8 @@
 # System packages: bubblewrap (the default sandbox), socat (the relay to the proxy), git, python3-venv (the Python
 # harnesses' venvs); and, unless called with
 # `demo` (what `make demo` needs is only those), chromium (report test) and for bwrap over docker images without a
-# docker daemon: skopeo + umoci (image -> rootfs) and patchelf (also there: the host's socat and node made to run
-# on any image's libc).
+# docker daemon: skopeo + umoci (image -> rootfs), squashfs-tools (an Apptainer SIF image -> rootfs) and patchelf
+# (also there: the host's socat and node made to run on any image's libc).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
@@ -19,6 +19,7 @@ if [ "${1:-all}" != demo ]; then
   command -v chromium >/dev/null || missing+=(chromium)  # renders `polar view` reports in the headless browser test
   command -v skopeo >/dev/null || missing+=(skopeo)
   command -v umoci >/dev/null || missing+=(umoci)
+  command -v unsquashfs >/dev/null || missing+=(squashfs-tools)  # Apptainer SIF images (their root is a squashfs)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "system packages: all present (cached)"

@@ -248,3 +248,31 @@ def test_a_real_cli_session_inside_the_instance_image(
     assert "commits=1" in requests  # the workspace is one commit deep: no other history reachable
     assert episode.grade is not None and episode.grade.status == "resolved", episode.grade
     assert episode.reward == 1.0
+
+
+def test_a_sif_of_a_real_image_named_by_a_gym_row_grades_gold_1_and_empty_0_daemonless(
+    images: dict[str, SWEInstance], tmp_path: Path
+) -> None:
+    """The more-itertools image as an Apptainer SIF, found by Gym's ``container_formatter`` for an anyswe row of the
+    task (its SWE-bench row in ``metadata.instance_dict``, no image): unpacked from the SIF and graded in bwrap."""
+    from nemo_polar.env.gym.rows import example_row
+    from nemo_polar.rewards.instance import load_rows
+    from nemo_polar.sandbox.images import image_env, image_rootfs
+    from tests.sif import make_sif
+
+    inst = images["more-itertools__more-itertools-866"]
+    rootfs = image_rootfs(inst.image)
+    sif_dir = tmp_path / "sif"
+    sif_dir.mkdir()
+    sif = make_sif(rootfs, sif_dir / "sweb.eval.x86_64.more-itertools_1776_more-itertools-866.sif", image_env(rootfs))
+    row = example_row(inst, "polar_codex_agent", "anyswe")
+    carried = json.loads(row["responses_create_params"]["metadata"]["instance_dict"])
+    carried |= {k: getattr(inst, k) for k in ("eval_script", "log_parser", "eval_type")}  # a SWE-bench 5 row
+    row["responses_create_params"]["metadata"]["instance_dict"] = json.dumps(carried)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    [loaded] = load_rows(rows, container_formatter=str(sif_dir / "sweb.eval.x86_64.{instance_id}.sif"))
+    assert loaded.image == str(sif) and loaded.eval_script == inst.eval_script
+    gold, empty = grade_many([(loaded, inst.patch), (loaded, "")], runtime="bwrap", log_dir=tmp_path / "logs")
+    assert verdicts([gold, empty]) == [("resolved", 1.0, False), ("empty_patch", 0.0, False)], gold.reason
+    assert gold.fail_to_pass == 1.0 and gold.pass_to_pass == 1.0

@@ -86,6 +86,10 @@ def find_image(client: DockerClient, name: str, pull: bool) -> Image:
     """The daemon's image ``name``; with ``pull`` (a task's own image) pulled by name if the daemon lacks it."""
     from docker.errors import ImageNotFound
 
+    from nemo_polar.sandbox.sif import is_sif
+
+    if is_sif(name):
+        raise RuntimeUnavailable(f"image {name} is an Apptainer SIF file: docker cannot run it; use runtime bwrap")
     try:
         return client.images.get(name)
     except ImageNotFound:

@@ -6,6 +6,9 @@ config: its ``Env``, not the runtime defaults umoci's ``config.json`` adds to it
 is the image's content digest, so a rebuilt image gets a new rootfs and an unchanged one costs one lookup. The
 rootfs is never written after the unpack: the sandbox binds it read-only.
 
+An Apptainer image file (``sif:PATH`` or a path ending in ``.sif``) is unpacked from its squashfs system partition
+instead (:mod:`nemo_polar.sandbox.sif`), its key the digest of its header and descriptors.
+
 Where the image comes from: an explicit skopeo transport (``docker://``, ``docker-daemon:``, ``oci:DIR:tag``,
 ``oci-archive:``, ``docker-archive:``, ``dir:``, ``containers-storage:``) is used as given; a plain name is taken
 from the local docker daemon when it has that image (images built here with docker), else from a registry.
@@ -26,6 +29,7 @@ from pathlib import Path
 from nemo_polar.paths import cache_dir
 from nemo_polar.sandbox.base import RuntimeUnavailable
 from nemo_polar.sandbox.hostside import require
+from nemo_polar.sandbox.sif import SQUASHFS, is_sif, read_sif, sif_env
 
 TRANSPORTS = ("docker://", "docker-daemon:", "oci:", "oci-archive:", "docker-archive:", "dir:", "containers-storage:")
 INSTALL = "apt-get install skopeo umoci (scripts/setup_system.sh does)"
@@ -39,9 +43,14 @@ class ImageUnavailable(RuntimeUnavailable):
 
 def image_rootfs(image: str, cache: Path | None = None) -> Path:
     """The image's filesystem, unpacked once under ``cache`` (default ``$POLAR_CACHE/rootfs``); read-only."""
-    require("skopeo", "umoci", hint=INSTALL)
+    sif = read_sif(image) if is_sif(image) else None
+    if sif is None:
+        require("skopeo", "umoci", hint=INSTALL)
+        source, key = _resolve(image)
+    else:
+        require("unsquashfs", hint=SQUASHFS)
+        source, key = str(sif.path), sif.key
     root = (cache or cache_dir() / "rootfs").resolve()
-    source, key = _resolve(image)
     bundle = root / key
     rootfs = bundle / "rootfs"
     if (bundle / IMAGE_CONFIG).is_file():
@@ -56,13 +65,19 @@ def image_rootfs(image: str, cache: Path | None = None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
         try:
-            layout = f"{work / 'oci'}:image"
-            # gzip level 1: the layers are unpacked right after, and are deleted with the layout.
-            copy = ["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-compress-level", "1"]
-            _run([*copy, source, f"oci:{layout}"], image, "copy")
-            unpack = ["umoci", "unpack", *([] if os.geteuid() == 0 else ["--rootless"]), "--image", layout]
-            _run([*unpack, str(work / "bundle")], image, "unpack")
-            (work / "bundle" / IMAGE_CONFIG).write_text(json.dumps(_image_config(work / "oci")))
+            if sif is not None:
+                (work / "bundle").mkdir()
+                sif.unpack(work / "bundle" / "rootfs")
+                config = {"Env": sif_env(work / "bundle" / "rootfs")}
+            else:
+                layout = f"{work / 'oci'}:image"
+                # gzip level 1: the layers are unpacked right after, and are deleted with the layout.
+                copy = ["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-compress-level", "1"]
+                _run([*copy, source, f"oci:{layout}"], image, "copy")
+                unpack = ["umoci", "unpack", *([] if os.geteuid() == 0 else ["--rootless"]), "--image", layout]
+                _run([*unpack, str(work / "bundle")], image, "unpack")
+                config = _image_config(work / "oci")
+            (work / "bundle" / IMAGE_CONFIG).write_text(json.dumps(config))
             os.rename(work / "bundle", bundle)  # atomic: a rootfs under its key is always complete
         finally:
             shutil.rmtree(work, ignore_errors=True)
