@@ -182,7 +182,7 @@ def _generate(args: argparse.Namespace) -> int:
     from nemo_polar.env.rollout import serve_proxy
     from nemo_polar.env.specs import UnknownEnv
     from nemo_polar.progress import attempts_progress
-    from nemo_polar.rewards.instance import select_instances
+    from nemo_polar.rewards.datasets import select_instances
 
     try:
         instances = select_instances(args.instances, args.instance_id, args.limit, args.container_formatter)
@@ -266,8 +266,8 @@ def _view(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     import json
 
+    from nemo_polar.rewards.datasets import select_instances
     from nemo_polar.rewards.grader import Prediction, grade_many
-    from nemo_polar.rewards.instance import select_instances
     from nemo_polar.sandbox import RuntimeUnavailable
 
     try:

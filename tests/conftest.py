@@ -137,7 +137,7 @@ def all_fixtures() -> list[tuple[str, str]]:
 def images() -> dict[str, Any]:
     """The swebench5 task images, built once and cached by their Dockerfiles (scripts/build_swebench5_images.sh):
     instance id -> SWEInstance."""
-    from nemo_polar.rewards.instance import select_instances
+    from nemo_polar.rewards.datasets import select_instances
 
     done = subprocess.run(["bash", str(ROOT / "scripts" / "build_swebench5_images.sh")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

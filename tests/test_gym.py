@@ -151,7 +151,7 @@ def test_gym_parses_each_environment_config_into_a_polar_agent(env: str, monkeyp
     }
     parsed = GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=DictConfig(initial))
     instances = GlobalConfigDictParser().filter_for_server_instance_configs(parsed)
-    assert {i.name for i in instances} == {agent_name(env), f"{env}_environment_server"}
+    assert {i.name for i in instances} == {agent_name(env), f"{env}_environment_server", f"{env}_native"}
     server = OmegaConf.to_container(get_first_server_config_dict(parsed, agent_name(env)), resolve=True)
     cfg = PolarAgentConfig.model_validate({**server, "host": "127.0.0.1", "port": 0, "name": agent_name(env)})
     assert (cfg.env, cfg.model, cfg.engine_urls()) == (env, "tiny-qwen3", ["http://127.0.0.1:8000"])
@@ -435,10 +435,10 @@ def test_concurrent_runs_share_one_gateway_and_overlap_stages(records_proxy: Pro
     rows = [row_for("polar_pi", "polar__textstats-1"), row_for("polar_pi", "polar__intervals-1")]
     with TestClient(agent.setup_webserver()) as client, ThreadPoolExecutor(2) as pool:
         first, second = (r.json() for r in pool.map(lambda row: client.post("/run", json=row), rows))
-        gateway = agent._gateway_host.gateway  # type: ignore[union-attr]
+        gateway = agent.episodes._gateway_host.gateway  # type: ignore[union-attr]
         # One gateway ran both; finished jobs leave its memory, their outcomes stay in its state_dir.
         assert len(list(gateway.config.state_dir.glob("*/outcome.json"))) == 2 and gateway.jobs == {}
-    assert agent._gateway_host is None  # closed with the server
+    assert agent.episodes._gateway_host is None  # closed with the server
     assert (first["reward"], second["reward"], first["mask_sample"], second["mask_sample"]) == (1.0, 1.0, False, False)
     a, b = sorted((first["stage_times"], second["stage_times"]), key=lambda t: t["run"])
     assert b["ready"] < a["postrun"]  # INIT of the later session overlapped the earlier RUN

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from nemo_polar.env.gym.rows import SHAPES, example_row, example_rows
+from nemo_polar.rewards.datasets import load_rows
 from nemo_polar.rewards.gym_rows import RowError, container_for, instance_from_row, swe_fields
-from nemo_polar.rewards.instance import bundled_instances, load_rows
+from nemo_polar.rewards.instance import bundled_instances
 
 GYM_FORMATTER = "docker://swebench/sweb.eval.x86_64.{instance_id}"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.cli import main
-from nemo_polar.rewards.instance import select_instances
+from nemo_polar.rewards.datasets import select_instances
 from nemo_polar.rewards.legacy import current_parser_name, image_name
 from nemo_polar.rewards.testlog import is_pytest_parser, repo_parser_names
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import pytest
 
 from nemo_polar.rewards import Evaluator, SWEInstance, bundled_instances, grade, load_instances, testlog
+from nemo_polar.rewards.datasets import load_rows
 from nemo_polar.rewards.grader import grade_many, swebench_report
-from nemo_polar.rewards.instance import load_rows
 from nemo_polar.sandbox.workspace import git, prepare_workspace
 from tests.conftest import ProxyHandle
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_polar.rewards.datasets import select_instances
 from nemo_polar.rewards.grader import GradeResult, grade_many
-from nemo_polar.rewards.instance import SWEInstance, select_instances
+from nemo_polar.rewards.instance import SWEInstance
 from nemo_polar.sandbox.workspace import GIT
 from tests.conftest import TASKS, ProxyHandle
 
@@ -256,7 +257,7 @@ def test_a_sif_of_a_real_image_named_by_a_gym_row_grades_gold_1_and_empty_0_daem
     """The more-itertools image as an Apptainer SIF, found by Gym's ``container_formatter`` for an anyswe row of the
     task (its SWE-bench row in ``metadata.instance_dict``, no image): unpacked from the SIF and graded in bwrap."""
     from nemo_polar.env.gym.rows import example_row
-    from nemo_polar.rewards.instance import load_rows
+    from nemo_polar.rewards.datasets import load_rows
     from nemo_polar.sandbox.images import image_env, image_rootfs
     from tests.sif import make_sif
 

@@ -173,7 +173,7 @@ def summary(cfg: DictConfig, result: SessionResult) -> RolloutSummary:
 
 # -- datasets: n_samples attempts per instance through the gateway ---------------------------------------------------
 def dataset_instances(dataset: DictConfig) -> list[SWEInstance]:
-    from nemo_polar.rewards.instance import select_instances
+    from nemo_polar.rewards.datasets import select_instances
 
     limit = int(dataset.limit) if dataset.get("limit") else None
     try:

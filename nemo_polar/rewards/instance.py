@@ -10,7 +10,7 @@ Where the environment comes from is decided in one place: :meth:`SWEInstance.env
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ def _rows_from_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from None
 
 
-def _validate(where: str, row: dict[str, Any], base: Path) -> SWEInstance:
+def validate_row(where: str, row: dict[str, Any], base: Path) -> SWEInstance:
     try:
         inst = SWEInstance.model_validate(row)
     except ValidationError as exc:
@@ -150,20 +150,6 @@ def read_rows(path: Path, split: str = "test") -> list[tuple[str, dict[str, Any]
     return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
 
 
-def load_rows(path: Path, split: str = "test", container_formatter: str | list[str] | None = None) -> list[SWEInstance]:
-    """Instances from :func:`read_rows`; ``repo_path`` may be relative to the file. Errors name file and row. NeMo
-    Gym's rows (any of its SWE shapes, :mod:`nemo_polar.rewards.gym_rows`) are read as Gym's agents read them,
-    ``container_formatter`` naming the images of those that name none."""
-    from nemo_polar.rewards.gym_rows import instance_from_row, is_gym_row
-
-    return [
-        instance_from_row(row, container_formatter=container_formatter, where=where)
-        if is_gym_row(row)
-        else _validate(where, row, path.parent)
-        for where, row in read_rows(path, split)
-    ]
-
-
 def load_task_repo(path: Path) -> list[SWEInstance]:
     """A SWE-bench 5 task repo (``tasks/<id>/``) or one task directory of it, read by swebench's own reader."""
     from swebench.task import repo as task_repo
@@ -175,41 +161,13 @@ def load_task_repo(path: Path) -> list[SWEInstance]:
             row = task_repo.load_task(d)
         except (OSError, ValueError, yaml.YAMLError) as exc:  # a missing file, bad JSON or YAML: name the task
             raise ValueError(f"{d}: not a SWE-bench task directory: {exc}") from None
-        instances.append(_validate(str(d), row, d))
+        instances.append(validate_row(str(d), row, d))
     return instances
 
 
 def is_task_dir(path: Path) -> bool:
     """A SWE-bench 5 task directory (it has ``task.yaml``) or a task repo holding them."""
     return (path / "tasks").is_dir() or (path / "task.yaml").is_file()
-
-
-def load_instances(path: Path, container_formatter: str | list[str] | None = None) -> list[SWEInstance]:
-    if path.is_dir() and is_task_dir(path):
-        return load_task_repo(path)
-    return load_rows(path, container_formatter=container_formatter)
-
-
-def select_instances(
-    source: str | Path,
-    instance_ids: Sequence[str] | None = None,
-    limit: int | None = None,
-    container_formatter: str | list[str] | None = None,
-) -> list[SWEInstance]:
-    """``"bundled"`` or anything :func:`load_instances` reads; then only ``instance_ids`` (in that order) and/or the
-    first ``limit``. Unknown ids and an empty selection are errors naming the problem."""
-    bundled = str(source) == "bundled"
-    instances = bundled_instances() if bundled else load_instances(Path(source), container_formatter)
-    if instance_ids:
-        by_id = {i.instance_id: i for i in instances}
-        unknown = [i for i in instance_ids if i not in by_id]
-        if unknown:
-            raise ValueError(f"{source}: unknown instance ids: {', '.join(unknown)}")
-        instances = [by_id[i] for i in instance_ids]
-    instances = instances[:limit] if limit else instances
-    if not instances:
-        raise ValueError(f"{source} holds no instances")
-    return instances
 
 
 # -- bundled instances: a task repo, examples/tasks/swe/tasks/<id>/ (each with its checkout in repo/) ---------------

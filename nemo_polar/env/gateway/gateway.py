@@ -379,13 +379,23 @@ class GatewayThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     async def _outcome(self, request: SessionRequest) -> SessionOutcome:
-        return await (await self.gateway.submit(request))
+        # Shielded: a caller that stops waiting must not cancel the job's own future (a cancelled future reads as
+        # finished, and the job could then no longer be cancelled); stopping the session is :meth:`cancel`.
+        return await asyncio.shield(await self.gateway.submit(request))
 
     async def run(self, request: SessionRequest) -> SessionOutcome:
         return await asyncio.wrap_future(self._call(self._outcome(request)))
 
     def run_sync(self, request: SessionRequest) -> SessionOutcome:
         return self._call(self._outcome(request)).result()
+
+    def cancel(self, request_id: str) -> bool:
+        """:meth:`Gateway.cancel` from any thread."""
+
+        async def cancel() -> bool:
+            return self.gateway.cancel(request_id)
+
+        return bool(self._call(cancel()).result()) if not self.loop.is_closed() else False
 
     def close(self) -> None:
         if self.loop.is_closed():
