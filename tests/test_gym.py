@@ -336,7 +336,7 @@ def records_proxy(engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:
     yield from make_proxy(engine_url, tmp_path / "records")
 
 
-def _run(proxy: ProxyHandle, env: str, row: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+def _run(proxy: ProxyHandle, env: str, row: dict[str, Any], tmp_path: Path, **config: Any) -> dict[str, Any]:
     agent = make_agent(
         env,
         proxy_url=proxy.url,
@@ -345,6 +345,7 @@ def _run(proxy: ProxyHandle, env: str, row: dict[str, Any], tmp_path: Path) -> d
         work_dir=tmp_path / "sessions",
         scripted=True,
         timeout=300,
+        **config,
     )
     with TestClient(agent.setup_webserver()) as client:  # the lifespan closes the agent's gateway and proxies
         resp = client.post("/run", json=row)
@@ -399,6 +400,35 @@ def test_run_solves_a_bundled_task_and_returns_a_trainable_sample(
     assert result["trainable_tokens"] == sum(len(i["generation_token_ids"]) for i in items)
     assert result["main_segments"] == 1 and result["delivered_fraction"] == 1.0
     assert {"session_run_s", "episode_s", "reconstruct_s"} <= set(result["timings"])
+
+
+@pytest.mark.engine
+def test_all_traces_delivers_every_trace_of_a_subagent_session(records_proxy: ProxyHandle, tmp_path: Path) -> None:
+    """``delivery: all_traces``: beside the unchanged main chain, the ``training_traces`` envelope holds the main
+    chain and the subagent's, every call the proxy recorded owned by exactly one trace, by the envelope's rules."""
+    from nemo_polar.reconstruct.envelope import TrainingTraces
+
+    inst = next(i for i in bundled_instances() if i.instance_id == "polar__money-1")
+    edit = next(a for a in inst.script or [] if a["kind"] == "edit_file")
+    script = [
+        {"kind": "subagent", "description": "Find the default", "prompt": f"Read {edit['path']} and report."},
+        {"kind": "read_file", "path": edit["path"]},
+        {"kind": "final", "text": "Unlisted currencies default to 0 minor digits."},
+        edit,
+        {"kind": "final", "text": "Unlisted currencies now default to 2 minor digits."},
+    ]
+    row = {**row_for("polar_claude_code", inst.instance_id, "anyswe"), "script": script, "_ng_rollout_id": "r7"}
+    result = _run(records_proxy, "polar_claude_code", row, tmp_path, delivery="all_traces")
+    assert (result["reward"], result["mask_sample"], result["subagent_chains"]) == (1.0, False, 1), result
+    envelope = TrainingTraces.model_validate(result["training_traces"])  # the restated rules, again on the wire
+    assert envelope.rollout_id == "r7" and envelope.builder == "prefix_merging" and len(envelope.traces) == 2
+    recorded = [r["call_id"] for r in records_proxy.disk_records(result["session_id"])]
+    owned = [s.model_call_id for t in envelope.traces for s in t.sampled_spans]
+    assert sorted(owned) == sorted(recorded) and result["training_traces_masked"] == {}
+    main = [i["id"].removeprefix("msg_") for i in result["response"]["output"]]
+    assert main in [t.model_call_ids for t in envelope.traces]  # the main chain is one of them, as delivered
+    with pytest.raises(ValueError, match="builder per_request needs delivery all_traces"):
+        make_agent(proxy_url="http://127.0.0.1:1", proxy_admin_url="http://127.0.0.1:2", builder="per_request")
 
 
 @pytest.mark.engine

@@ -37,7 +37,7 @@ def child_of(tmp_path: Path, cli: str, override: dict) -> Path:
 
 
 def test_there_is_one_recipe_per_polar_environment() -> None:
-    assert {p.name for p in RECIPES.glob("*.yaml")} == {"grpo_polar_base.yaml"} | {
+    assert {p.name for p in RECIPES.glob("*.yaml")} == {"grpo_polar_base.yaml", "grpo_polar_codex_multi_trace.yaml"} | {
         f"grpo_polar_{cli}.yaml" for cli in CLIS
     }
     assert {f"polar_{cli}" for cli in CLIS} == set(ENVIRONMENTS)
@@ -61,6 +61,36 @@ def test_recipe_trains_qwen35_4b_with_megatron_and_async_grpo_on_its_environment
     assert config.env.nemo_gym.config_paths == [f"environments/{env}/config.yaml"]  # relative: Gym's search roots
     assert "defaults" not in config and config.policy.dtensor_cfg.enabled is False
     assert config.policy.megatron_cfg.enabled is True and config.grpo.async_grpo.enabled is True
+
+
+def test_the_multi_trace_recipe_trains_on_every_trace_and_its_rules_hold(tmp_path: Path) -> None:
+    """grpo.gym_multi_trace (NeMo-RL PR #4078): synchronous, Megatron, token-level loss, agents delivering the
+    training_traces envelope; each rule broken in a child recipe is named."""
+    recipe = RECIPES / "grpo_polar_codex_multi_trace.yaml"
+    summary = check_recipe(recipe)
+    assert summary.multi_trace and not summary.async_grpo and summary.training_backend == "megatron"
+    assert [a.delivery for a in summary.agents] == ["all_traces"]
+    assert not check_recipe(RECIPES / "grpo_polar_codex.yaml").multi_trace
+    broken = {
+        "async": ({"grpo": {"async_grpo": {"enabled": True}}}, "grpo.async_grpo.enabled must be false"),
+        "dtensor": (
+            {"policy": {"megatron_cfg": {"enabled": False}, "dtensor_cfg": {"enabled": True}}},
+            "policy.megatron_cfg.enabled must be true",
+        ),
+        "seq_ratios": ({"loss_fn": {"sequence_level_importance_ratios": True}}, "sequence_level_importance_ratios"),
+        "main_chain": (
+            {"polar": {"agent": {"delivery": "main_chain", "builder": "prefix_merging"}}},
+            "polar_codex_agent must set delivery: all_traces",
+        ),
+        "per_request_alone": (
+            {"polar": {"agent": {"delivery": "main_chain", "builder": "per_request"}}},
+            "builder per_request needs delivery all_traces",
+        ),
+    }
+    for name, (override, message) in broken.items():
+        child = write(tmp_path / f"{name}.yaml", {"defaults": str(recipe), **override})
+        with pytest.raises(RecipeError, match=message):
+            check_recipe(child)
 
 
 def test_agent_needs_the_base_url_nemo_rl_injects() -> None:

@@ -27,7 +27,8 @@ from nemo_polar.env.patterns import SCENARIOS, Expect, PatternTask, load_pattern
 from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
-from nemo_polar.reconstruct.builders import prefix_merging
+from nemo_polar.reconstruct.builders import per_request, prefix_merging
+from nemo_polar.reconstruct.envelope import training_traces
 from nemo_polar.reconstruct.export import sft_rows
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.patterns import summarize
@@ -180,6 +181,13 @@ def test_pattern(case: PatternTask, sessions: dict[str, Ran], model_dir: str) ->
         r.messages[-1].role == "assistant" and r.response_ids == t.response_ids
         for r, t in zip(rows, built.traces, strict=True)
     )
+
+    # Every trace as NeMo Gym's training_traces envelope (delivery: all_traces), by either builder: each call the
+    # builder traced owned by exactly one trace, nothing masked (the engine's logprobs are finite, no call twice).
+    for builder, build in (("prefix_merging", built), ("per_request", per_request(records))):
+        envelope = training_traces(case.id.replace("/", "-"), builder, build.traces)
+        owned = [s.model_call_id for t in envelope.training_traces.traces for s in t.sampled_spans]
+        assert envelope.masked == {} and sorted(owned) == sorted(c for t in build.traces for c in t.call_ids)
 
     # polar view shows every chain in the session's chain tree.
     html = render_report([ran.session_dir])

@@ -41,7 +41,8 @@ from nemo_polar.env.verdict import Verdict, VerdictPolicy
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
-from nemo_polar.reconstruct.builders import per_request
+from nemo_polar.reconstruct.builders import per_request, prefix_merging
+from nemo_polar.reconstruct.envelope import Envelope, training_traces
 from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.rewards.gym_rows import swe_fields
 from nemo_polar.rewards.instance import SWEInstance
@@ -49,6 +50,7 @@ from nemo_polar.rewards.instance import SWEInstance
 # ``staging: direct`` calls it like ``run_episode(harness, instance, proxy, session_dir, runtime=, scripted=,
 # timeout=, session_config=, policy=)``; injectable for fault injection.
 EpisodeRunner = Callable[..., Episode]
+BUILDERS = {"prefix_merging": prefix_merging, "per_request": per_request}
 OnStart = Callable[[str, Callable[[], Awaitable[Any]]], Any]
 
 
@@ -88,6 +90,14 @@ class PolarSettings(BaseModel):
         "{instance_id}, a .sif path (the first existing, id as is, then __ as _1776_ or _s_) or an image name "
         "(docker://swebench/sweb.eval.x86_64.{instance_id}: __ as _1776_, lower case), or a list tried in order",
     )
+    delivery: Literal["main_chain", "all_traces"] = Field(
+        default="main_chain",
+        description="main_chain: response.output only; all_traces: also every trace of the rollout as the "
+        "training_traces envelope (Gym PR #3212, NeMo-RL grpo.gym_multi_trace)",
+    )
+    builder: Literal["prefix_merging", "per_request"] = Field(
+        default="prefix_merging", description="how all_traces cuts the rollout's calls into traces"
+    )
     mask_main_chain_breaks: bool = Field(
         default=True,
         description="mask a rollout whose main chain broke into segments: the delivered one does not cover the "
@@ -113,6 +123,12 @@ class PolarSettings(BaseModel):
             raise ValueError("set proxy_url (a running polar proxy) or openai_base_url (the policy engine)")
         if self.proxy_url and not self.proxy_admin_url:
             raise ValueError("proxy_url needs proxy_admin_url: the proxy's admin API is a separate listener")
+        return self
+
+    @model_validator(mode="after")
+    def _builder_needs_all_traces(self) -> PolarSettings:
+        if self.builder == "per_request" and self.delivery != "all_traces":  # Gym's rule: the main chain is merged
+            raise ValueError("builder per_request needs delivery all_traces (main_chain delivers the merged chain)")
         return self
 
     def engine_urls(self) -> list[str]:
@@ -171,6 +187,12 @@ class PolarVerifyResponse(BaseVerifyResponse):
         default_factory=dict, description="gateway stage -> wall-clock time entered (staging: gateway)"
     )
     session_dir: str | None = None
+    training_traces: dict[str, Any] | None = Field(
+        default=None, description="delivery all_traces: every trace of the rollout (reconstruct/envelope.py)"
+    )
+    training_traces_masked: dict[str, str] = Field(
+        default_factory=dict, description="calls or traces kept out of training_traces, and why"
+    )
 
 
 class PolarEpisodes:
@@ -234,8 +256,7 @@ class PolarEpisodes:
             async with self._semaphore:
                 episode = await asyncio.to_thread(self._episode, body, env, instance, attempt)
             stage_times = {}
-        response = await asyncio.to_thread(self._result, body, env, instance, attempt, episode, stage_times, t0)
-        return response, episode.verdict
+        return await asyncio.to_thread(self._result, body, env, instance, attempt, episode, stage_times, t0)
 
     # -- planning: everything a row can get wrong, before anything runs -----------------------------------------
     def _plan(self, body: PolarRunRequest) -> tuple[PolarEnvSpec, SWEInstance, Path]:
@@ -302,8 +323,9 @@ class PolarEpisodes:
         episode: Episode,
         stage_times: dict[str, float],
         t0: float,
-    ) -> PolarVerifyResponse:
-        """The episode's verdict, main chain and metrics as the verify response (whichever way it ran)."""
+    ) -> tuple[PolarVerifyResponse, Verdict]:
+        """The episode's verdict, main chain and metrics as the verify response (whichever way it ran), and the
+        verdict it stands on."""
         metrics = {k: v for k, v in episode.metrics.items() if k in PolarVerifyResponse.model_fields}
         metrics |= {
             "instance_id": instance.instance_id,
@@ -314,12 +336,26 @@ class PolarEpisodes:
             "timings": {**episode.metrics.get("timings", {}), "episode_s": time.monotonic() - t0},
         }
         verdict = episode.verdict
-        records = attempt.read_records() if verdict.mask_sample and not episode.output else []
+        wants_all = self.config.delivery == "all_traces"
+        records = attempt.read_records() if wants_all or (verdict.mask_sample and not episode.output) else []
+        if wants_all:
+            try:
+                envelope = self._envelope(body, attempt, records)
+                metrics["training_traces"] = envelope.training_traces.model_dump(mode="json")
+                metrics["training_traces_masked"] = envelope.masked
+            except ValueError as exc:  # our traces broke the envelope's rules: never deliver them as something else
+                verdict = Verdict(kind="reconstruction_failed", reason=f"training_traces: {exc}", reward=verdict.reward)
         if not self.config.keep_sessions:
             shutil.rmtree(attempt.root, ignore_errors=True)
             metrics["session_dir"] = None
         reward = verdict.reward if verdict.trainable and verdict.reward is not None else 0.0
-        return self._respond(body, episode.output, reward, verdict, metrics, records)
+        return self._respond(body, episode.output, reward, verdict, metrics, records), verdict
+
+    def _envelope(self, body: PolarRunRequest, attempt: AttemptDir, records: list[CallRecord]) -> Envelope:
+        """Every trace of the episode as the ``training_traces`` envelope, by the configured builder."""
+        build = BUILDERS[self.config.builder](records)
+        rollout_id = maybe_rollout_id_from_run_body(body) or attempt.name
+        return training_traces(rollout_id, self.config.builder, build.traces)
 
     def _respond(
         self,

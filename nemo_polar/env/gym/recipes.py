@@ -52,6 +52,7 @@ class RecipeAgent(BaseModel):
     harness: str
     mode: str
     config_path: Path
+    delivery: str = "main_chain"
 
 
 class RecipeSummary(BaseModel):
@@ -64,6 +65,7 @@ class RecipeSummary(BaseModel):
     http_server: bool
     group_size: int
     prompts_per_step: int
+    multi_trace: bool = False
     agents: list[RecipeAgent]
     data_paths: list[Path]
 
@@ -218,6 +220,9 @@ def check_recipe(
     data_paths = _check_data(path, config, {a.instance for a in agents})
 
     megatron = bool(config["policy"].get("megatron_cfg", {}).get("enabled"))
+    multi_trace = bool(config["grpo"].get("gym_multi_trace"))
+    if multi_trace:
+        _check_multi_trace(path, config, megatron, agents)
     vllm_cfg = generation.get("vllm_cfg", {})
     return RecipeSummary(
         path=path,
@@ -227,6 +232,7 @@ def check_recipe(
         async_grpo=bool(config["grpo"].get("async_grpo", {}).get("enabled")),
         colocated=bool(generation.get("colocated", {}).get("enabled")),
         http_server=bool(vllm_cfg.get("async_engine")) and bool(vllm_cfg.get("expose_http_server")),
+        multi_trace=multi_trace,
         group_size=need("grpo.num_generations_per_prompt"),
         prompts_per_step=need("grpo.num_prompts_per_step"),
         agents=agents,
@@ -303,7 +309,25 @@ def _agents(
             harness=cfg.harness or env.harness,
             mode=session.mode,
             config_path=sources.get(instance.name, next(iter(polar_paths.values()))),
+            delivery=cfg.delivery,
         )
+
+
+def _check_multi_trace(path: Path, config: dict[str, Any], megatron: bool, agents: list[RecipeAgent]) -> None:
+    """``grpo.gym_multi_trace: true`` trains on every trace of each rollout (NeMo-RL PR #4078, open;
+    ``docs/guides/gym-multi-trace-grpo.md``): synchronous GRPO, the Megatron policy, a token-level loss without
+    sequence-level ratios, and agents that deliver the ``training_traces`` envelope."""
+    loss = config.get("loss_fn") or {}
+    problems = [
+        (bool(config["grpo"].get("async_grpo", {}).get("enabled")), "grpo.async_grpo.enabled must be false"),
+        (not megatron, "policy.megatron_cfg.enabled must be true"),
+        (not loss.get("token_level_loss", True), "loss_fn.token_level_loss must be true"),
+        (bool(loss.get("sequence_level_importance_ratios")), "loss_fn.sequence_level_importance_ratios must be false"),
+    ]
+    problems += [(a.delivery != "all_traces", f"Gym agent {a.instance} must set delivery: all_traces") for a in agents]
+    for broken, why in problems:
+        if broken:
+            raise RecipeError(f"{path}: grpo.gym_multi_trace trains on every trace of a rollout: {why}")
 
 
 def _dataset_paths(data: dict[str, Any], split: str) -> list[str]:
