@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import nemo_polar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,3 +47,55 @@ def test_every_module_has_a_layer() -> None:
     gateway = by_container[("nemo_polar.env.gateway",)]
     assert _children(package / "env" / "gateway") == _layered(gateway)
     assert any(c["type"] == "acyclic_siblings" and c["ancestors"] == ["nemo_polar"] for c in CONTRACTS)
+
+
+def test_only_the_compat_module_imports_nemo_gym() -> None:
+    """Every NeMo Gym name comes through nemo_polar/env/gym/compat.py: a Gym release that moves a module is one edit."""
+    import ast
+
+    package = Path(nemo_polar.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.name == "compat.py" and path.parent.name == "gym":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "nemo_gym" or n.startswith("nemo_gym.") for n in names):
+                offenders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_compat_takes_gym_mains_paths_first_then_0_7_0s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Gym main's modules present (stand-ins here, labelled so: no release has them), their names win; without
+    them the 0.7.0 names are used; a name in neither is an ImportError naming the version and the places."""
+    import importlib
+    import types
+
+    pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
+    from nemo_polar.env.gym import compat
+
+    old_entry = compat.TokenEntry
+    main_capture = types.ModuleType("nemo_gym.models.token_capture")  # stand-in for Gym main's module
+    main_capture.TokenEntry = type("TokenEntry", (), {})  # type: ignore[attr-defined]
+    main_server = types.ModuleType("nemo_gym.server_runtime.base_environment_server")  # stand-in
+    main_server.CleanupContext = type("CleanupContext", (), {})  # type: ignore[attr-defined]
+    for name, module in (
+        ("nemo_gym.models", types.ModuleType("nemo_gym.models")),
+        ("nemo_gym.models.token_capture", main_capture),
+        ("nemo_gym.server_runtime", types.ModuleType("nemo_gym.server_runtime")),
+        ("nemo_gym.server_runtime.base_environment_server", main_server),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    try:
+        moved = importlib.reload(compat)
+        assert moved.TokenEntry is main_capture.TokenEntry and moved.CleanupContext is main_server.CleanupContext
+        assert moved.TokenSink.__module__ == "nemo_gym.token_id_capture.protocols"  # not moved: 0.7.0's
+    finally:
+        monkeypatch.undo()
+        restored = importlib.reload(compat)
+    assert restored.TokenEntry is old_entry
+    assert restored.TokenEntry.__module__ == "nemo_gym.token_id_capture.records"
+    with pytest.raises(ImportError, match=r"nemo-gym 0\.7\.0 has no Nope \(looked in nemo_gym\.models\.token_capture"):
+        restored.pick("Nope", restored.TOKEN_CAPTURE, "nemo_gym.token_id_capture.records")

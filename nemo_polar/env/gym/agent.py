@@ -11,11 +11,10 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Body, FastAPI, HTTPException
-from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
-from nemo_gym.openai_utils import NeMoGymResponse
 from pydantic import Field, PrivateAttr
 
 from nemo_polar.env.episode import run_episode
+from nemo_polar.env.gym.compat import BaseResponsesAPIAgentConfig, NeMoGymResponse, SimpleResponsesAPIAgent
 from nemo_polar.env.gym.episodes import (
     EpisodeRunner,
     PolarEpisodes,

@@ -24,17 +24,21 @@ from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 from fastapi import FastAPI
-from nemo_gym.base_environment_server import (
-    BaseEnvironmentServer,
-    BaseEnvironmentServerConfig,
-    CleanupContext,
-    HandledEpisodeError,
-)
-from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest
-from nemo_gym.episode_types import BaseEpisodeRequest, BaseEpisodeResponse, EpisodeFailure
-from nemo_gym.reward_profile import AggregateMetricsMixin, compute_aggregate_metrics
 from pydantic import PositiveFloat
 
+from nemo_polar.env.gym.compat import (
+    AggregateMetrics,
+    AggregateMetricsMixin,
+    AggregateMetricsRequest,
+    BaseEnvironmentServer,
+    BaseEnvironmentServerConfig,
+    BaseEpisodeRequest,
+    BaseEpisodeResponse,
+    CleanupContext,
+    EpisodeFailure,
+    HandledEpisodeError,
+    compute_aggregate_metrics,
+)
 from nemo_polar.env.gym.episodes import PolarEpisodes, PolarRunRequest, PolarSettings, PolarVerifyResponse
 from nemo_polar.env.gym.rows import RowError
 from nemo_polar.env.verdict import Verdict, VerdictKind

@@ -24,14 +24,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
-from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseOutputMessageForTraining
-from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.episode import Episode, run_episode
 from nemo_polar.env.gateway import GatewayConfig, GatewayThread, SessionRequest
+from nemo_polar.env.gym.compat import (
+    BaseRunRequest,
+    BaseVerifyResponse,
+    NeMoGymResponse,
+    NeMoGymResponseOutputMessageForTraining,
+    maybe_rollout_id_from_run_body,
+)
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter

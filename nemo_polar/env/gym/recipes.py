@@ -245,9 +245,8 @@ def _agents(
 ) -> Iterator[RecipeAgent]:
     """Merge the Gym config with nemo-gym's own parser, as NeMo-RL's Gym actor does, and check each Polar agent."""
     try:
-        from nemo_gym.global_config import GlobalConfigDictParser
-
         from nemo_polar.env.gym.agent import PolarAgentConfig
+        from nemo_polar.env.gym.compat import GlobalConfigDictParser
     except ImportError as exc:
         raise RecipeError(
             f"checking a recipe's Gym config needs nemo-gym ({exc}); install it with `make gym`"

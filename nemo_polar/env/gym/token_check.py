@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nemo_gym.token_id_capture.builder import BuildOutput, prefix_merging
 from pydantic import BaseModel
 
+from nemo_polar.env.gym.compat import BuildOutput
+from nemo_polar.env.gym.compat import gym_prefix_merging as prefix_merging
 from nemo_polar.env.gym.tokens import export_rollout
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult

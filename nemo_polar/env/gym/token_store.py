@@ -47,12 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from nemo_gym.token_id_capture.lineage import IncrementalLineageStore
-from nemo_gym.token_id_capture.protocols import TokenCaptureSnapshot
-from nemo_gym.token_id_capture.records import TokenEntry
-from nemo_gym.token_id_capture.store import validate_rollout_id
 from pydantic import BaseModel, Field
 
+from nemo_polar.env.gym.compat import IncrementalLineageStore, TokenCaptureSnapshot, TokenEntry, validate_rollout_id
 from nemo_polar.env.gym.tokens import export_rollout
 from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.records import CallRecord, RecordReader

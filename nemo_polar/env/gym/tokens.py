@@ -40,11 +40,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.token_id_capture.protocols import TokenSink
-from nemo_gym.token_id_capture.records import ParentResolutionStatus, TokenEntry, stamp_lineage
-from nemo_gym.token_id_capture.store import TokenCaptureStore, validate_rollout_id
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_polar.env.gym.compat import (
+    ParentResolutionStatus,
+    TokenCaptureStore,
+    TokenEntry,
+    TokenSink,
+    stamp_lineage,
+    validate_rollout_id,
+)
 from nemo_polar.proxy.conversation import Message
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.export import conversation, output_message
