@@ -124,6 +124,54 @@ def test_pause_drains_holds_and_resume_stamps_the_new_version(held) -> None:  # 
     assert before["complete"] and after["complete"]
 
 
+def test_keep_mode_records_where_a_weight_update_split_a_generation(held) -> None:  # type: ignore[no-untyped-def]
+    """An engine that keeps in-flight generations across a weight update (vLLM's keep mode, NeMo-RL PR #3839): the
+    pause drains nothing, and the resume marks the generation still in flight with the token count reached. The
+    trace then carries both versions, and the training_traces envelope keeps the call out, with the reason."""
+    from nemo_polar.reconstruct.envelope import training_traces
+
+    proxy, point = held
+    s = proxy.session(sampling_overrides={"max_tokens": 4}, extra_body={"ignore_eos": True})
+
+    thread = start_in_flight(proxy, lambda: ask(proxy, s["api_key"], [{"role": "user", "content": "go"}]))
+    while point.faulted != [1]:  # the engine has sampled the call and holds its finishing event
+        assert thread.is_alive(), "the held generation ended on its own"
+        time.sleep(0.01)
+    paused = proxy.admin("POST", "/polar/pause", json={"timeout_s": 600, "keep": True}, timeout=ADMIN_TIMEOUT).json()
+    assert paused["paused"] and paused["in_flight"] == 1 and paused["drained"] is False  # nothing waited for
+    proxy.admin("POST", "/polar/resume", json={"policy_version": 2}, timeout=ADMIN_TIMEOUT)
+    point.release()
+    thread.join(60)
+
+    [rec] = [CallRecord.model_validate(r) for r in proxy.records(s["session_id"])]
+    assert rec.complete and rec.finish_reason == "length" and len(rec.sampled_token_ids) == 4
+    [change] = rec.policy_version_changes
+    assert rec.policy_version == 1 and change["policy_version"] == 2
+    assert 0 <= change["at_token"] < 4  # the finishing event (the last token) came after the update
+    [trace] = prefix_merging([rec]).traces
+    assert trace.policy_versions == [1, 2] and trace.spans[0].policy_versions == [1, 2]
+    envelope = training_traces("r", "prefix_merging", [trace])
+    assert envelope.training_traces.traces == []
+    assert envelope.masked[rec.call_id] == "sampled across a weight update (policy versions [1, 2])"
+
+
+def test_a_version_change_before_the_engine_has_the_call_is_no_split() -> None:
+    """A resume that lands while a call is admitted but not yet sent to the engine: the call simply runs under the
+    new version (nothing was sampled or prefilled under the old one)."""
+    from nemo_polar.proxy.admission import Admission
+
+    async def scenario() -> tuple[int | None, list, list]:
+        adm = Admission(1)
+        early, late = await adm.enter(), await adm.enter()
+        late.sampled = lambda: 3
+        adm.resume(2)
+        return early.version, early.changes, late.changes
+
+    version, early_changes, late_changes = asyncio.run(scenario())
+    assert version == 2 and early_changes == []
+    assert [c.model_dump() for c in late_changes] == [{"at_token": 3, "policy_version": 2}]
+
+
 def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
     """A generation that cannot finish during the test (thousands of forced tokens) is in flight when the pause's
     bounded wait ends; the client then hangs up, which ends the generation and releases it."""
@@ -172,6 +220,7 @@ def test_a_session_spanning_versions_shows_both_in_its_trace(versioned: ProxyHan
     ("route", "body", "message"),
     [
         ("pause", {"timeout_s": -1}, "timeout_s"),
+        ("pause", {"timeout_s": 1, "keep": "yes"}, "keep must be true or false"),
         ("pause", [1], "JSON object"),
         ("resume", {"policy_version": "v2"}, "policy_version must be an integer"),
     ],

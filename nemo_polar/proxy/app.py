@@ -271,7 +271,7 @@ class Proxy:
             record.reached("parsed")
             ticket = await self.admission.enter()  # waits while the trainer syncs weights
             record.reached("admitted")
-            if record.policy_version is None:  # a session may pin its version; otherwise the proxy's current one
+            if session.config.policy_version is None:  # a session may pin it; otherwise the proxy's current one
                 record.policy_version = ticket.version
             t0 = time.perf_counter()
             traits = await self.template_traits()
@@ -289,6 +289,9 @@ class Proxy:
             record.reached("rendered")
             family = await self.family_stream(session, conv)
             gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id, family)
+            if session.config.policy_version is None:  # the version it samples under: a resume may have come since
+                record.policy_version = ticket.version
+            ticket.sampled = lambda: len(gen.capture.sampled_token_ids)  # from here a weight update splits the call
             await gen.open()
             record.reached("engine_accepted")
         except Exception as exc:  # a ProxyError, or a bug: either way an API-shaped answer and a failed record
@@ -320,12 +323,12 @@ class Proxy:
             async for _ in gen.events():
                 pass
             payload, echo = adapter.build_response(conv, gen.output, body)
-            _complete(record, gen)
+            _complete(record, gen, ticket)
             await self.commit(session, record, conv, gen, echo)
             return JSONResponse(payload)
         except Exception as exc:
             err = exc if isinstance(exc, ProxyError) else _internal(exc)
-            _capture(record, gen)
+            _capture(record, gen, ticket)
             await self.fail(session, record, err)
             return error_response(adapter.name, err)
         finally:
@@ -355,19 +358,19 @@ class Proxy:
                     session.delivering.add(record.call_id)
                 for frame in _emit(emitter, ev):
                     yield frame
-            _complete(record, gen)
+            _complete(record, gen, ticket)
             await self.commit(session, record, conv, gen, emitter.echo_ids())  # durable before the final events
             settled = True
             for frame in emitter.finish(gen.output):
                 yield frame
         except ProxyError as err:
-            _capture(record, gen)
+            _capture(record, gen, ticket)
             await self.fail(session, record, err)
             settled = True
             for frame in emitter.error(err.message):
                 yield frame
         except Exception as exc:  # a bug must still end the stream visibly and be recorded
-            _capture(record, gen)
+            _capture(record, gen, ticket)
             err = _internal(exc)
             await self.fail(session, record, err)
             settled = True
@@ -375,7 +378,7 @@ class Proxy:
                 yield frame
         finally:
             if not settled:  # the harness went away mid-stream (cancellation): record synchronously
-                _capture(record, gen)
+                _capture(record, gen, ticket)
                 record.mark_failed("stream aborted before completion (client disconnected)", 499)
                 session.commit(record, None, None, [])
                 session.writer.append_sync(record)
@@ -452,7 +455,8 @@ def _emit(emitter: StreamEmitter, ev: object) -> list[str]:
     return emitter.reasoning(ev.text) if ev.kind == "reasoning" else emitter.text(ev.text)
 
 
-def _capture(record: CallRecord, gen: Generation) -> None:
+def _capture(record: CallRecord, gen: Generation, ticket: Ticket) -> None:
+    record.policy_version_changes = [c.model_dump() for c in ticket.changes]
     cap = gen.capture
     if cap.first_chunk_at is not None:
         record.reached("first_upstream", cap.first_chunk_at)
@@ -463,8 +467,8 @@ def _capture(record: CallRecord, gen: Generation) -> None:
     record.output_text = cap.text
 
 
-def _complete(record: CallRecord, gen: Generation) -> None:
-    _capture(record, gen)
+def _complete(record: CallRecord, gen: Generation, ticket: Ticket) -> None:
+    _capture(record, gen, ticket)
     record.finished_at = time.time()
     record.complete = True
 
@@ -612,11 +616,16 @@ def _admin_app(proxy: Proxy) -> FastAPI:
 
     @app.post("/polar/pause")
     async def pause(request: Request) -> AdmissionState:
-        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync)."""
-        timeout = (await _json_body(request)).get("timeout_s", 60.0)
+        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync); with ``keep``
+        (an engine that pauses and resumes them itself) wait for none: a resume that changes the version records
+        the change in each call still in flight."""
+        body = await _json_body(request)
+        timeout, keep = body.get("timeout_s", 60.0), body.get("keep", False)
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
             raise ProxyError(400, "timeout_s must be a non-negative number")
-        return await proxy.admission.pause(float(timeout))
+        if not isinstance(keep, bool):
+            raise ProxyError(400, "keep must be true or false")
+        return await proxy.admission.pause(float(timeout), keep=keep)
 
     @app.post("/polar/resume")
     async def resume(request: Request) -> AdmissionState:

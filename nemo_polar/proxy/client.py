@@ -73,8 +73,9 @@ class ProxyClient(BaseModel):
         """The admin listener's health: sessions, paused, policy version, in-flight generations."""
         return self._call("GET", "/health")
 
-    def pause(self, timeout_s: float) -> dict[str, Any]:
-        return self._call("POST", "/polar/pause", json={"timeout_s": timeout_s}, timeout=timeout_s + 30)
+    def pause(self, timeout_s: float, keep: bool = False) -> dict[str, Any]:
+        body = {"timeout_s": timeout_s, "keep": keep}
+        return self._call("POST", "/polar/pause", json=body, timeout=timeout_s + 30)
 
     def resume(self, policy_version: int | None = None) -> dict[str, Any]:
         return self._call("POST", "/polar/resume", json={"policy_version": policy_version})

@@ -44,8 +44,8 @@ class MeteredAdmission(Admission):
             self._busy_since = time.monotonic()
         return ticket
 
-    def _leave(self) -> None:  # every ticket's single exit
-        super()._leave()
+    def _leave(self, ticket: Ticket) -> None:  # every ticket's single exit
+        super()._leave(ticket)
         if self.in_flight == 0 and self._busy_since is not None:
             self._busy_s += time.monotonic() - self._busy_since
             self._busy_since = None

@@ -81,6 +81,11 @@ class CallRecord(BaseModel):
     parent_call_id: str | None = None
     render_reason: str | None = None
     policy_version: int | None = None
+    policy_version_changes: list[dict[str, int]] = Field(
+        default_factory=list,
+        description="weight updates during this generation (an engine that keeps in-flight requests across one): "
+        "{at_token, policy_version}, tokens before at_token sampled under the versions before",
+    )
     # Records written before top_k was recorded load with top_k None (every SamplingParams field is optional).
     sampling: SamplingParams | None = Field(default=None, description="what the engine was sent (session pins applied)")
     output_text: str | None = Field(default=None, description="the sampled text as the engine detokenised it")

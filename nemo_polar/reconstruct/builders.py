@@ -251,10 +251,11 @@ def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None,
                 start=start,
                 end=len(response),
                 finish_reason=rec.finish_reason,
+                policy_versions=_call_versions(rec),
             )
         )
         stitched = len(first.prompt_token_ids) + len(response)
-    versions = sorted({r.policy_version for r in path if r.policy_version is not None})
+    versions = sorted({v for span in spans for v in span.policy_versions})
     return Trace(
         trace_id=f"{first.session_id}/{first.call_id}",
         session_id=first.session_id,
@@ -268,6 +269,14 @@ def _trace(path: list[CallRecord], role: Role, segment: int, reason: str | None,
         break_reason=reason,
         policy_versions=versions,
     )
+
+
+def _call_versions(rec: CallRecord) -> list[int]:
+    """The policy versions the call's tokens were sampled under: its own, and any a weight update during the
+    generation brought before its last token (an engine that keeps in-flight requests across an update)."""
+    versions = {rec.policy_version} if rec.policy_version is not None else set()
+    versions |= {c["policy_version"] for c in rec.policy_version_changes if c["at_token"] < len(rec.sampled_token_ids)}
+    return sorted(versions)
 
 
 def _split(records: Iterable[CallRecord], cfg: BuilderConfig) -> tuple[list[CallRecord], list[CallRecord], list[str]]:

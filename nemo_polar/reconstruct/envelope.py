@@ -17,8 +17,10 @@ as the PR describes it; no released nemo-gym has the module, 0.7.0 included) and
 - ``trace_id == f"{rollout_id}:{last_call_id}"``; no ``routed_experts``.
 
 Here a trace's ``model_call_ids`` are the calls it owns, in order. Where a trace of ours breaks a rule — a call
-owned twice (the later copy), a sampled token without a finite logprob — that call's tokens are masked in it,
-with the reason, and a trace left with nothing sampled is not delivered: never a silently different sample.
+owned twice (the later copy), a sampled token without a finite logprob — or a call was sampled across a weight
+update (an engine that kept it in flight: the envelope cannot say which tokens came from which policy), that
+call's tokens are masked in it, with the reason, and a trace left with nothing sampled is not delivered: never a
+silently different sample.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ def training_traces(rollout_id: str, builder: Builder, traces: list[Trace]) -> E
             why = None
             if span.call_id in owned:
                 why = "owned by an earlier trace"
+            elif len(span.policy_versions) > 1:  # the envelope has one policy per sampled token only implicitly
+                why = f"sampled across a weight update (policy versions {span.policy_versions})"
             elif not all(kept):
                 why = "masked by the trace builder (e.g. a truncated generation)"
             elif start == 0:

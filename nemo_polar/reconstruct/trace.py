@@ -18,6 +18,9 @@ class Span(BaseModel):
     start: int
     end: int
     finish_reason: str | None = None
+    policy_versions: list[int] = Field(
+        default_factory=list, description="the versions its tokens were sampled under: two across a weight update"
+    )
 
 
 class Trace(BaseModel):
