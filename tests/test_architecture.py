@@ -74,28 +74,49 @@ def test_compat_takes_gym_mains_paths_first_then_0_7_0s(monkeypatch: pytest.Monk
     import types
 
     pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
-    from nemo_polar.env.gym import compat
+    name = "nemo_polar.env.gym.compat"
 
-    old_entry = compat.TokenEntry
+    def fresh() -> types.ModuleType:  # a new module object: names resolve again, nothing cached
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        return importlib.import_module(name)
+
     main_capture = types.ModuleType("nemo_gym.models.token_capture")  # stand-in for Gym main's module
     main_capture.TokenEntry = type("TokenEntry", (), {})  # type: ignore[attr-defined]
     main_server = types.ModuleType("nemo_gym.server_runtime.base_environment_server")  # stand-in
     main_server.CleanupContext = type("CleanupContext", (), {})  # type: ignore[attr-defined]
-    for name, module in (
-        ("nemo_gym.models", types.ModuleType("nemo_gym.models")),
-        ("nemo_gym.models.token_capture", main_capture),
-        ("nemo_gym.server_runtime", types.ModuleType("nemo_gym.server_runtime")),
-        ("nemo_gym.server_runtime.base_environment_server", main_server),
-    ):
-        monkeypatch.setitem(sys.modules, name, module)
-    try:
-        moved = importlib.reload(compat)
+    with monkeypatch.context() as m:
+        for module_name, module in (
+            ("nemo_gym.models", types.ModuleType("nemo_gym.models")),
+            ("nemo_gym.models.token_capture", main_capture),
+            ("nemo_gym.server_runtime", types.ModuleType("nemo_gym.server_runtime")),
+            ("nemo_gym.server_runtime.base_environment_server", main_server),
+        ):
+            m.setitem(sys.modules, module_name, module)
+        moved = fresh()
         assert moved.TokenEntry is main_capture.TokenEntry and moved.CleanupContext is main_server.CleanupContext
         assert moved.TokenSink.__module__ == "nemo_gym.token_id_capture.protocols"  # not moved: 0.7.0's
-    finally:
-        monkeypatch.undo()
-        restored = importlib.reload(compat)
-    assert restored.TokenEntry is old_entry
-    assert restored.TokenEntry.__module__ == "nemo_gym.token_id_capture.records"
+    released = fresh()
+    assert released.TokenEntry.__module__ == "nemo_gym.token_id_capture.records"
+    assert released.CleanupContext.__module__ == "nemo_gym.base_environment_server"
     with pytest.raises(ImportError, match=r"nemo-gym 0\.7\.0 has no Nope \(looked in nemo_gym\.models\.token_capture"):
-        restored.pick("Nope", restored.TOKEN_CAPTURE, "nemo_gym.token_id_capture.records")
+        released.pick("Nope", released.TOKEN_CAPTURE, "nemo_gym.token_id_capture.records")
+
+
+def test_the_agent_needs_no_gym_name_that_nemo_rls_gym_lacks() -> None:
+    """The agent runs on NeMo-RL's nemo-gym 0.5.1, which has no environment servers and no token capture: it
+    imports with those modules unavailable (names resolve when a module first imports them)."""
+    pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
+    code = """
+import sys
+MISSING = ("nemo_gym.base_environment_server", "nemo_gym.server_runtime", "nemo_gym.token_id_capture",
+           "nemo_gym.models")
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(MISSING):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Missing())
+import nemo_polar.env.gym.agent
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
