@@ -251,29 +251,68 @@ def test_a_real_cli_session_inside_the_instance_image(
     assert episode.reward == 1.0
 
 
-def test_a_sif_of_a_real_image_named_by_a_gym_row_grades_gold_1_and_empty_0_daemonless(
-    images: dict[str, SWEInstance], tmp_path: Path
-) -> None:
-    """The more-itertools image as an Apptainer SIF, found by Gym's ``container_formatter`` for an anyswe row of the
-    task (its SWE-bench row in ``metadata.instance_dict``, no image): unpacked from the SIF and graded in bwrap."""
-    from nemo_polar.env.gym.rows import example_row
-    from nemo_polar.rewards.datasets import load_rows
+@pytest.fixture(scope="module")
+def more_itertools_sif(
+    images: dict[str, SWEInstance], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[SWEInstance, str]:
+    """The more-itertools image as an Apptainer SIF (tests/sif.py), and the container_formatter that names it the
+    way Gym's SWE configs do."""
     from nemo_polar.sandbox.images import image_env, image_rootfs
     from tests.sif import make_sif
 
     inst = images["more-itertools__more-itertools-866"]
     rootfs = image_rootfs(inst.image)
-    sif_dir = tmp_path / "sif"
-    sif_dir.mkdir()
-    sif = make_sif(rootfs, sif_dir / "sweb.eval.x86_64.more-itertools_1776_more-itertools-866.sif", image_env(rootfs))
-    row = example_row(inst, "polar_codex_agent", "anyswe")
+    sif_dir = tmp_path_factory.mktemp("sif")
+    make_sif(rootfs, sif_dir / "sweb.eval.x86_64.more-itertools_1776_more-itertools-866.sif", image_env(rootfs))
+    return inst, str(sif_dir / "sweb.eval.x86_64.{instance_id}.sif")
+
+
+def anyswe_row(inst: SWEInstance, agent: str) -> dict:
+    """Gym's anyswe row of a SWE-bench 5 task: its row (eval script and all, no image) in metadata.instance_dict."""
+    from nemo_polar.env.gym.rows import example_row
+
+    row = example_row(inst, agent, "anyswe")
     carried = json.loads(row["responses_create_params"]["metadata"]["instance_dict"])
-    carried |= {k: getattr(inst, k) for k in ("eval_script", "log_parser", "eval_type")}  # a SWE-bench 5 row
+    carried |= {k: getattr(inst, k) for k in ("eval_script", "log_parser", "eval_type")}
     row["responses_create_params"]["metadata"]["instance_dict"] = json.dumps(carried)
+    return row
+
+
+def test_a_sif_of_a_real_image_named_by_a_gym_row_grades_gold_1_and_empty_0_daemonless(
+    more_itertools_sif: tuple[SWEInstance, str], tmp_path: Path
+) -> None:
+    """The SIF, found by Gym's ``container_formatter`` for an anyswe row of the task (its SWE-bench row in
+    ``metadata.instance_dict``, no image): unpacked from the SIF and graded in bwrap."""
+    from nemo_polar.rewards.datasets import load_rows
+
+    inst, formatter = more_itertools_sif
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(row) + "\n")
-    [loaded] = load_rows(rows, container_formatter=str(sif_dir / "sweb.eval.x86_64.{instance_id}.sif"))
-    assert loaded.image == str(sif) and loaded.eval_script == inst.eval_script
+    rows.write_text(json.dumps(anyswe_row(inst, "polar_pi_agent")) + "\n")
+    [loaded] = load_rows(rows, container_formatter=formatter)
+    assert loaded.image == formatter.format(instance_id="more-itertools_1776_more-itertools-866")
+    assert loaded.eval_script == inst.eval_script
     gold, empty = grade_many([(loaded, inst.patch), (loaded, "")], runtime="bwrap", log_dir=tmp_path / "logs")
     assert verdicts([gold, empty]) == [("resolved", 1.0, False), ("empty_patch", 0.0, False)], gold.reason
     assert gold.fail_to_pass == 1.0 and gold.pass_to_pass == 1.0
+
+
+@pytest.mark.engine
+def test_the_gym_agent_runs_a_gym_row_of_a_real_task_in_its_sif(
+    more_itertools_sif: tuple[SWEInstance, str], proxy: ProxyHandle, tmp_path: Path
+) -> None:
+    """The Gym agent, configured like Gym's SWE agents (container_formatter naming .sif files), takes an anyswe row
+    of the real task: the unchanged CLI works in the SIF's root filesystem (daemonless), and the patch is graded."""
+    from fastapi.testclient import TestClient
+
+    from tests.test_gym import make_agent
+
+    inst, formatter = more_itertools_sif
+    agent = make_agent(
+        "polar_pi", proxy_url=proxy.url, proxy_admin_url=proxy.admin_url, proxy_admin_token=proxy.admin_token,
+        work_dir=tmp_path, scripted=True, timeout=300, runtime="bwrap", container_formatter=formatter,
+    )  # fmt: skip
+    row = {**anyswe_row(inst, "polar_pi_agent"), "script": RELATIVE_SEEK_FIX}
+    with TestClient(agent.setup_webserver()) as client:
+        result = client.post("/run", json=row).json()
+    assert (result["reward"], result["mask_sample"], result["grade_status"]) == (1.0, False, "resolved"), result
+    assert result["instance_id"] == inst.instance_id and result["session_status"] == "completed"
