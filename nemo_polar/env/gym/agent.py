@@ -6,8 +6,6 @@ problem. :mod:`.environment_server` serves the same episodes as a native Gym env
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Body, FastAPI, HTTPException
@@ -21,6 +19,7 @@ from nemo_polar.env.gym.episodes import (
     PolarRunRequest,
     PolarSettings,
     PolarVerifyResponse,
+    close_on_shutdown,
 )
 from nemo_polar.env.gym.rows import RowError
 
@@ -45,17 +44,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
         return self._episodes
 
     def setup_webserver(self) -> FastAPI:
-        app = super().setup_webserver()
-        inner = app.router.lifespan_context
-
-        @asynccontextmanager
-        async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
-            async with inner(app) as state:
-                yield state
-            self.close()
-
-        app.router.lifespan_context = lifespan
-        return app
+        return close_on_shutdown(super().setup_webserver(), self.close)
 
     async def responses(self, body: Annotated[dict[str, Any] | None, Body()] = None) -> NeMoGymResponse:
         # Any body gets the explanation (a schema error about a route that never runs would only mislead).

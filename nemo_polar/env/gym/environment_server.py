@@ -19,9 +19,7 @@ cancelled collection stops the CLI and its grading, not only the wait). The epis
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fastapi import FastAPI
 from pydantic import PositiveFloat
@@ -39,7 +37,13 @@ from nemo_polar.env.gym.compat import (
     HandledEpisodeError,
     compute_aggregate_metrics,
 )
-from nemo_polar.env.gym.episodes import PolarEpisodes, PolarRunRequest, PolarSettings, PolarVerifyResponse
+from nemo_polar.env.gym.episodes import (
+    PolarEpisodes,
+    PolarRunRequest,
+    PolarSettings,
+    PolarVerifyResponse,
+    close_on_shutdown,
+)
 from nemo_polar.env.gym.rows import RowError
 from nemo_polar.env.verdict import Verdict, VerdictKind
 
@@ -104,17 +108,7 @@ class PolarEnvironmentServer(BaseEnvironmentServer[PolarEpisodeRequest, PolarEpi
         return self._episodes
 
     def setup_webserver(self) -> FastAPI:
-        app = super().setup_webserver()
-        inner = app.router.lifespan_context
-
-        @asynccontextmanager
-        async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
-            async with inner(app) as state:
-                yield state
-            self.close()  # the gateway's sessions and the proxies end with the server
-
-        app.router.lifespan_context = lifespan
-        return app
+        return close_on_shutdown(super().setup_webserver(), self.close)
 
     async def run(self, request: PolarEpisodeRequest, cleanup: CleanupContext) -> PolarEpisodeResponse:
         try:

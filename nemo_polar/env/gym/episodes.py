@@ -19,11 +19,13 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nemo_polar.env.attempt import AttemptDir
@@ -197,6 +199,20 @@ class PolarVerifyResponse(BaseVerifyResponse):
     training_traces_masked: dict[str, str] = Field(
         default_factory=dict, description="calls or traces kept out of training_traces, and why"
     )
+
+
+def close_on_shutdown(app: FastAPI, close: Callable[[], None]) -> FastAPI:
+    """``app`` with ``close`` run when it shuts down: the gateway's sessions and the proxies end with the server."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+        async with inner(app) as state:
+            yield state
+        close()
+
+    app.router.lifespan_context = lifespan
+    return app
 
 
 class PolarEpisodes:
