@@ -13,7 +13,7 @@ import pytest
 
 from nemo_polar.cli import main
 from nemo_polar.env.generate import generate
-from nemo_polar.env.gym.rows import example_rows
+from nemo_polar.env.gym.rows import Shape, example_row
 from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.env.rollout import compose
 from nemo_polar.env.rollout import env_config as rollout_env_config
@@ -134,9 +134,12 @@ def test_the_composed_rollout_config_is_a_polar_env_config(tmp_path: Path) -> No
 
 
 def test_polar_rollout_runs_a_dataset(proxy: ProxyHandle, engine_url: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """A dataset of NeMo Gym's anyswe rows (the bundled tasks, everything in the metadata), as Gym ships them."""
+    """A dataset of NeMo Gym's rows of the bundled tasks as Gym ships them, anyswe's (everything in the metadata) and
+    swe_agents' (the SWE-bench fields at the top level) in turn: every row read, one run."""
     rows = tmp_path.parent / f"{tmp_path.name}-gym_rows.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in example_rows("polar_pi_agent", "anyswe")))
+    shapes: tuple[Shape, ...] = ("anyswe", "swe_agents")
+    gym_rows = [example_row(i, "polar_pi_agent", shapes[n % 2]) for n, i in enumerate(bundled_instances())]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in gym_rows))
     argv = [
         "rollout",
         "env=polar_pi",

@@ -316,3 +316,35 @@ def test_the_gym_agent_runs_a_gym_row_of_a_real_task_in_its_sif(
         result = client.post("/run", json=row).json()
     assert (result["reward"], result["mask_sample"], result["grade_status"]) == (1.0, False, "resolved"), result
     assert result["instance_id"] == inst.instance_id and result["session_status"] == "completed"
+
+
+@pytest.mark.engine
+def test_polar_rollout_runs_a_swe_agents_row_of_a_real_task_from_its_sif(
+    more_itertools_sif: tuple[SWEInstance, str], proxy: ProxyHandle, engine_url: str, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """``polar rollout dataset=gym``: a swe_agents row of the real task (SWE-bench fields at the top level, no
+    image), its image found by ``dataset.container_formatter`` as a SIF; the CLI works in the SIF's root filesystem
+    and the attempt is graded, reconstructed and written like any dataset run."""
+    from nemo_polar.cli import main
+    from nemo_polar.env.gym.rows import example_row
+
+    inst, formatter = more_itertools_sif
+    row = example_row(inst, "polar_pi_agent", "swe_agents")
+    assert "image" not in row and "instance_dict" in row["responses_create_params"]["metadata"]
+    row |= {k: getattr(inst, k) for k in ("eval_script", "log_parser", "eval_type")} | {"script": RELATIVE_SEEK_FIX}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    argv = [
+        "rollout", "env=polar_pi", "runtime=bwrap", "dataset=gym", f"dataset.path={rows}",
+        f"dataset.container_formatter='{formatter}'",  # quoted: Hydra's grammar reads braces
+        "dataset.scripted=true", "n_samples=1", "timeout=300",
+        f"proxy.url={proxy.url}", f"proxy.admin_url={proxy.admin_url}", f"proxy.admin_token={proxy.admin_token}",
+        f"engine.url={engine_url}", f"out={tmp_path / 'out'}",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["attempts"], summary["trainable"], summary["resolved"]) == (1, 1, 1), summary
+    [result] = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert (result["instance_id"], result["reward"]) == (inst.instance_id, 1.0)
+    traces = [json.loads(x) for x in (tmp_path / "out" / "traces.jsonl").read_text().splitlines()]
+    assert traces and all(t["reward"] == 1.0 for t in traces)
