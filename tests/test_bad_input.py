@@ -20,6 +20,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from nemo_polar.proxy.records import CallRecord
 from nemo_polar.proxy.serve import BackgroundServer as Server
 from tests.conftest import ProxyHandle, free_port, make_proxy
 
@@ -92,6 +93,9 @@ def test_bad_request_is_rejected_and_recorded(proxy: ProxyHandle, case: str) -> 
     [rec] = proxy.records(session["session_id"])
     assert rec["error"] == message and rec["status_code"] == status and not rec["complete"]
     assert rec["sampled_token_ids"] == []
+    assert CallRecord.model_validate(rec).refused  # refused before sampling: Gym's capture resolves it, no mask
+    if case == "context_overflow":
+        assert rec["error_code"] == "context_length_exceeded"
     assert rec["request"] is not None or body == b""  # the body is kept, even when it is not JSON
     assert proxy.disk_records(session["session_id"]) == [rec]
     # the session still works

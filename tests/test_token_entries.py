@@ -20,11 +20,12 @@ from nemo_gym.token_id_capture.builder import assert_prefix_contiguity
 from nemo_gym.token_id_capture.conformance import run_conformance
 from nemo_gym.token_id_capture.consumer import trajectories_for_rollout, trajectories_from_source
 from nemo_gym.token_id_capture.records import ParentResolutionStatus, TokenEntry, compute_digest
+from nemo_gym.token_id_capture.store import TokenCaptureStore
 
 from nemo_polar.cli import main as polar
 from nemo_polar.env.gym.token_check import cross_check
 from nemo_polar.env.gym.token_store import PolarLineageStore, PolarTokenStore
-from nemo_polar.env.gym.tokens import export_rollout, export_sessions, rollout_id_of, token_entry
+from nemo_polar.env.gym.tokens import export_rollout, export_sessions, publish, rollout_id_of, token_entry
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, prefix_merging
 from nemo_polar.reconstruct.gym import gym_output_items
@@ -271,6 +272,103 @@ def test_a_gym_rollout_id_reads_its_bound_session_and_failed_calls_mask_it(tmp_p
         session_file(tmp_path, [a], "sess-" + "2" * 32)
         await clean.put(token_entry(rec("a", [1], [11, EOT]), "sess-" + "2" * 32))
         assert (await clean.freeze("sess-" + "2" * 32)).incomplete
+
+    asyncio.run(scenario())
+
+
+def refused_rec(call_id: str, prompt: list[int], **kw: object) -> CallRecord:
+    """A call the serving side refused before sampling, as the proxy records it (test_bad_input makes real ones)."""
+    fields: dict = {"complete": False, "finish_reason": None, "status_code": 400, "error": "too long"}
+    return rec(call_id, prompt, [], **{**fields, "error_code": "context_length_exceeded", **kw})
+
+
+def test_a_refused_call_resolves_and_a_lost_call_masks() -> None:
+    """A call refused before sampling lost nothing (Gym main's engine refusal); a stream the client dropped (499)
+    or an engine fault lost sampled tokens (an incomplete mark)."""
+    a = rec("a", [1], [10, EOT])
+    refused = refused_rec("r", [1, 10, EOT, 5], parent_call_id="a")
+    dropped = rec("d", [1, 10, EOT, 6], [77], complete=False, status_code=499, error="client gone")
+    fault = refused_rec("f", [1, 10, EOT, 7], status_code=502, error_code="engine_error")
+    export = export_rollout([a, refused, dropped, fault], "r-1")
+    assert [(r.model_call_id, r.code, r.parent_call_id) for r in export.refused] == [
+        ("r", "context_length_exceeded", "a")
+    ]
+    assert export.incomplete_call_ids == ["d", "f"]
+    old = refused_rec("old", [1], error_code=None)  # a record from before error_code: its status names it
+    assert old.refused and export_rollout([old], "r-2").refused[0].code == "http_400"
+
+
+def gym_file_store(root: Path) -> TokenCaptureStore:
+    return TokenCaptureStore(root)
+
+
+def polar_store(root: Path) -> PolarTokenStore:
+    return PolarTokenStore(root)
+
+
+@pytest.mark.parametrize("make", [gym_file_store, polar_store], ids=["gym_file_store", "polar_token_store"])
+def test_begin_call_custody_and_delete_behave_as_in_gyms_file_store(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same scenario on Gym's own file store and on ours: an intent without an entry masks the rollout; a drop
+    retires it (writes refused); ``delete`` removes everything unconditionally, retirement included, so the rollout
+    id takes writes and freezes afresh."""
+    entry = token_entry(rec("a", [1], [10, EOT]), "r-1")
+    other = token_entry(rec("b", [2], [11, EOT]), "r-1")
+
+    async def scenario() -> None:
+        store = make(tmp_path)
+        await store.begin_call("r-1", "a")
+        await store.begin_call("r-1", "x")
+        await store.put(entry)
+        snap = await store.freeze("r-1")
+        assert snap.incomplete and [e.model_call_id for e in snap.entries] == ["a"]  # "x" began, never landed
+        assert await store.drop("r-1", snapshot_id=snap.snapshot_id, version=snap.version)
+        with pytest.raises(RuntimeError, match=r"(?i)retired"):
+            await store.put(other)
+        store.delete("r-1")
+        await store.put(other)
+        fresh = await store.freeze("r-1")
+        assert not fresh.incomplete and [e.model_call_id for e in fresh.entries] == ["b"]
+        assert fresh.snapshot_id != snap.snapshot_id
+        store.delete("r-1")  # unfrozen or frozen, it is gone
+        assert (await store.freeze("r-1")).entries == ()
+
+    asyncio.run(scenario())
+
+
+def test_engine_refusals_resolve_intents_in_the_polar_store(tmp_path: Path) -> None:
+    """Gym main's optional ``record_engine_refusal``: durable, it resolves the call's intent; refused after a
+    freeze like any write; a call both sampled and refused is a conflict. ``publish`` records the proxy's refused
+    calls where the sink can, and marks them incomplete in a sink that cannot (Gym 0.7.0's file store)."""
+    a = rec("a", [1], [10, EOT], session_id=SESSION)
+    refused = refused_rec("r", [1, 10, EOT, 5], parent_call_id="a", session_id=SESSION)
+
+    async def scenario() -> None:
+        store = PolarTokenStore(tmp_path / "polar")
+        await store.begin_call("r-1", "q")
+        await store.record_engine_refusal("r-1", model_call_id="q", code="context_length_exceeded", detail="x")
+        assert not (await PolarTokenStore(tmp_path / "polar").freeze("r-1")).incomplete  # durable, resolved
+        with pytest.raises(RuntimeError, match="frozen"):
+            await store.record_engine_refusal("r-1", model_call_id="z", code="x")
+        with pytest.raises(TypeError):
+            await store.record_engine_refusal("r-2", model_call_id="z", code="x", detail=object())
+        await store.put(token_entry(rec("s", [1], [10, EOT]), "r-3"))
+        await store.record_engine_refusal("r-3", model_call_id="s", code="x")
+        assert (await store.freeze("r-3")).incomplete  # sampled and refused: one of them is wrong
+
+        # the proxy's own refused call, read from its records: resolved, not a mask
+        (tmp_path / "proxy").mkdir()
+        session_file(tmp_path / "proxy", [a, refused])
+        snap = await PolarTokenStore(tmp_path / "proxy").freeze(SESSION)
+        assert not snap.incomplete and [e.model_call_id for e in snap.entries] == ["a"]
+
+        export = export_rollout([a, refused], "r-9")
+        ours, gyms = PolarTokenStore(tmp_path / "published"), TokenCaptureStore(tmp_path / "gym")
+        assert not hasattr(gyms, "record_engine_refusal") or callable(gyms.record_engine_refusal)
+        for sink in (ours, gyms):
+            assert await publish(sink, [export]) == 1
+        assert not (await ours.freeze("r-9")).incomplete
+        if not hasattr(gyms, "record_engine_refusal"):  # Gym 0.7.0: no way to resolve it, so the rollout is masked
+            assert (await gyms.freeze("r-9")).incomplete
 
     asyncio.run(scenario())
 

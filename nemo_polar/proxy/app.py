@@ -397,7 +397,7 @@ class Proxy:
         self.metrics.observe(record)
 
     async def fail(self, session: Session, record: CallRecord, err: ProxyError) -> None:
-        record.mark_failed(err.message, err.status)
+        record.mark_failed(err.message, err.status, err.code)
         await session.writer.append(record)
         session.commit(record, None, None, [])
         self.metrics.observe(record, err.code)

@@ -121,10 +121,20 @@ class CallRecord(BaseModel):
     finished_at: float | None = None
     status_code: int = 200
     error: str | None = None
+    error_code: str | None = Field(
+        default=None, description="a failed call's error code as the harness got it (context_length_exceeded, ...)"
+    )
     complete: bool = False
     # Set by RecordReader for a prompt it rebuilt as an earlier record's prompt + sampled ids + new ids: those three
     # lists. Holding while they are still the records' own lists, it proves the prefix without comparing them.
     _extends: tuple[list[int], list[int], list[int]] | None = PrivateAttr(default=None)
+
+    @property
+    def refused(self) -> bool:
+        """The serving side refused the request before sampling (a 4xx the harness got: context too long, a
+        conversation the template refuses, ...): no token was sampled, so nothing of the rollout was lost. A client
+        that went away (499) or an engine fault is not a refusal."""
+        return not self.complete and 400 <= self.status_code < 499 and not self.sampled_token_ids
 
     def extends(self, parent: CallRecord) -> bool | None:
         """True when this prompt is known to start with ``parent``'s prompt + sampled ids (as read), None when
@@ -152,9 +162,10 @@ class CallRecord(BaseModel):
         self.stages[stage] = round((time.time() if at is None else at) - self.started_at, 3)
         self.stages = {name: self.stages[name] for name in STAGES if name in self.stages}  # in the calls' order
 
-    def mark_failed(self, message: str, status_code: int) -> CallRecord:
+    def mark_failed(self, message: str, status_code: int, code: str | None = None) -> CallRecord:
         self.error = message
         self.status_code = status_code
+        self.error_code = code
         self.complete = False
         self.finished_at = time.time()
         return self

@@ -123,5 +123,5 @@ def cross_check(records: Iterable[CallRecord], cfg: BuilderConfig | None = None,
         gym_unresolved_retries=theirs.notes.unresolved_retries,
         gym_empty_generation_calls=theirs.notes.empty_generation_calls,
         gym_parent_link_failures=theirs.notes.parent_link_failures,
-        failed_calls=export.incomplete_call_ids,
+        failed_calls=[*(r.model_call_id for r in export.refused), *export.incomplete_call_ids],
     )

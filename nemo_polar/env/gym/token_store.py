@@ -13,8 +13,8 @@ the proxy's ``--record-dir`` and puts, freezes, reads and retires a rollout's ca
   which no ``*.jsonl`` glob of the record dir picks up): ``entries/<sha256(call id)>.json`` (one canonical JSON entry
   each, written to a temporary file, fsync'd and ``os.replace``d, so an entry is whole or absent), ``state.json``
   (frozen, snapshot id, version, incomplete marks, bound sessions, the proxy files' sizes at the snapshot; replaced
-  the same way), ``intents`` (``begin_call``, appended and fsync'd) and ``lock`` (``flock``: one writer per rollout
-  across processes).
+  the same way), ``intents`` (``begin_call``) and ``refusals`` (``record_engine_refusal``), each appended and fsync'd,
+  and ``lock`` (``flock``: one writer per rollout across processes).
 
 Rules (each one a ``conformance.py`` check or a ``protocols.py`` sentence):
 
@@ -22,14 +22,17 @@ Rules (each one a ``conformance.py`` check or a ``protocols.py`` sentence):
   marking the rollout incomplete. A put after ``freeze`` raises (a hard fence) -- but the proxy cannot be fenced, so
   a proxy record written after the freeze is the relaxed fence: the next ``freeze`` or ``drop`` sees the session file
   grow, bumps the version and a ``drop`` of the older snapshot fails.
-- ``mark_incomplete`` works after a freeze and bumps the version; ``begin_call`` intents without an entry at freeze
-  make the snapshot incomplete.
+- ``mark_incomplete`` works after a freeze and bumps the version; ``begin_call`` intents without an entry or an
+  engine refusal at freeze make the snapshot incomplete (Gym main's optional sink methods; a refused call has no
+  entry and loses nothing, and a call both sampled and refused is a conflict). The proxy's own refused calls
+  (:attr:`~nemo_polar.proxy.records.CallRecord.refused`) count as refusals, its other failed calls as incomplete.
 - ``freeze`` is idempotent (same snapshot id, version and entries) and survives a new instance: the state is on disk.
   Entries are unique per call id: a put entry equal to a proxy record's entry counts once, a conflicting one makes
   the snapshot incomplete (fail closed at the reader).
 - ``drop`` retires exactly the consumed snapshot: it deletes the put entries and intents and keeps a tombstone (a
   late writer still sees the rollout retired). The proxy's files stay: the proxy owns their retention, as a transport
-  without delete does in Gym's protocol.
+  without delete does in Gym's protocol. ``delete`` is the unconditional clean-up of Gym's file store: it clears the
+  retirement too.
 """
 
 from __future__ import annotations
@@ -196,15 +199,29 @@ class PolarTokenStore:
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         """Gym's optional pre-dispatch intent: an intent without an entry at freeze masks the rollout."""
-        await asyncio.to_thread(self._begin_call, rollout_id, model_call_id)
+        await asyncio.to_thread(self._append, rollout_id, "intents", model_call_id.encode())
 
-    def _begin_call(self, rollout_id: str, model_call_id: str) -> None:
+    async def record_engine_refusal(
+        self, rollout_id: str, *, model_call_id: str, code: str, parent_call_id: str | None = None, **detail: Any
+    ) -> None:
+        """Gym main's optional refusal record: the engine refused the call before sampling, so the call is resolved
+        (its ``begin_call`` intent no longer masks the rollout) without an entry. Durable when it returns; a write,
+        so refused after a freeze like a put."""
+        refusal = {"model_call_id": model_call_id, "code": code, "parent_call_id": parent_call_id, **detail}
+        line = orjson.dumps(refusal, option=orjson.OPT_SORT_KEYS)  # raises on what JSON cannot hold
+        await asyncio.to_thread(self._append, rollout_id, "refusals", line)
+
+    def _append(self, rollout_id: str, name: str, line: bytes) -> None:
         with self.locked(rollout_id):
             self._writable(rollout_id, self._state(rollout_id))
-            with (self.rollout_dir(rollout_id) / "intents").open("ab") as fh:
-                fh.write(model_call_id.encode() + b"\n")
+            with (self.rollout_dir(rollout_id) / name).open("ab") as fh:
+                fh.write(line + b"\n")
                 fh.flush()
                 os.fsync(fh.fileno())
+
+    def _lines(self, rollout_id: str, name: str) -> list[bytes]:
+        path = self.rollout_dir(rollout_id) / name
+        return path.read_bytes().splitlines() if path.exists() else []
 
     async def bind_session(self, rollout_id: str, session_id: str) -> None:
         """Read proxy session ``session_id``'s records under ``rollout_id`` (before the rollout is frozen)."""
@@ -237,9 +254,13 @@ class PolarTokenStore:
                 self._save(rollout_id, state)
             proxy = export_rollout(self._proxy_records(lines), rollout_id)
             entries, conflicts = self._entries(rollout_id, proxy.entries)
-            intents_path = self.rollout_dir(rollout_id) / "intents"
-            intents = intents_path.read_bytes().decode().split() if intents_path.exists() else []
-            dangling = set(intents) - {e.model_call_id for e in entries}
+            intents = {line.decode() for line in self._lines(rollout_id, "intents")}
+            refused = {r.model_call_id for r in proxy.refused} | {
+                orjson.loads(line)["model_call_id"] for line in self._lines(rollout_id, "refusals")
+            }
+            sampled = {e.model_call_id for e in entries}
+            dangling = intents - sampled - refused
+            conflicts += sorted(refused & sampled)  # a call both sampled and refused: one of them is wrong
             return TokenCaptureSnapshot(
                 rollout_id=rollout_id,
                 entries=tuple(entries),
@@ -275,10 +296,23 @@ class PolarTokenStore:
             if not state.frozen or state.snapshot_id != snapshot_id or state.version != version:
                 return False
             shutil.rmtree(self.entries_dir(rollout_id), ignore_errors=True)
-            (self.rollout_dir(rollout_id) / "intents").unlink(missing_ok=True)
+            for name in ("intents", "refusals"):
+                (self.rollout_dir(rollout_id) / name).unlink(missing_ok=True)
             state.retired = True
             self._save(rollout_id, state)
             return True
+
+    def delete(self, rollout_id: str) -> None:
+        """Unconditionally remove what this store holds for a rollout -- its put entries, intents, refusals, marks,
+        bound sessions and its freeze or retirement -- as Gym's file store's ``delete`` does (administrative
+        clean-up before a rollout id is used again; consumers ``drop``). The lock stays, so concurrent callers keep
+        one inode; the proxy's records stay too (the proxy owns them), so a rollout named like a proxy session
+        reads that session again."""
+        with self.locked(rollout_id):
+            directory = self.rollout_dir(rollout_id)
+            shutil.rmtree(directory / "entries", ignore_errors=True)
+            for name in ("intents", "refusals", "state.json"):
+                (directory / name).unlink(missing_ok=True)
 
     async def close(self) -> None:
         """Nothing to release: every write was durable before it returned."""

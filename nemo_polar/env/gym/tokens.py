@@ -26,9 +26,13 @@ Record -> entry, field by field:
 - Entries are not stamped with ``stamp_continuation``: Gym's request-time resolver serves calls Gym's own model
   server captures, while the proxy resolved these parents itself, token-exactly; unstamped entries are invisible to
   resolution, as Gym documents.
-- A failed call (``complete: false``) has no entry: it is a call of the rollout without a capture, which Gym marks
-  with ``TokenSink.mark_incomplete(rollout_id, model_call_id)`` so that consumers mask the rollout
-  (:attr:`TokenExport.incomplete_call_ids`).
+- A failed call (``complete: false``) has no entry. One the serving side refused before sampling
+  (:attr:`CallRecord.refused <nemo_polar.proxy.records.CallRecord.refused>`: context too long, a conversation the
+  template refuses) lost nothing: it is an engine refusal (:attr:`TokenExport.refused`), which Gym main's sinks record
+  with ``record_engine_refusal`` -- it resolves the call -- and a sink without that method (Gym 0.7.0) as an
+  incomplete mark. Any other failed call (an engine fault, a client gone mid-stream) is a call of the rollout without
+  a capture, which Gym marks with ``TokenSink.mark_incomplete(rollout_id, model_call_id)`` so that consumers mask the
+  rollout (:attr:`TokenExport.incomplete_call_ids`).
 - Extra keys (``TokenEntry`` allows them): ``polar_session_id``, ``polar_policy_version``, ``polar_finish_reason``,
   ``polar_mode``.
 """
@@ -58,14 +62,36 @@ from nemo_polar.reconstruct.export import conversation, output_message
 ROOT_REASONS = frozenset({"first_call", "new_conversation"})
 
 
+class EngineRefusal(BaseModel):
+    """A call refused before sampling, as Gym main's ``record_engine_refusal`` takes it."""
+
+    model_call_id: str
+    code: str = Field(description="the error code the harness got, else http_<status>")
+    parent_call_id: str | None = None
+    status: int
+    message: str | None = None
+
+    @classmethod
+    def of(cls, record: CallRecord) -> EngineRefusal:
+        return cls(
+            model_call_id=record.call_id,
+            code=record.error_code or f"http_{record.status_code}",
+            parent_call_id=record.parent_call_id,
+            status=record.status_code,
+            message=record.error,
+        )
+
+
 class TokenExport(BaseModel):
-    """One rollout's captures: entries for its completed calls, and the calls that failed (Gym's incomplete marks)."""
+    """One rollout's captures: entries for its completed calls, the calls refused before sampling, and the calls
+    that failed otherwise (Gym's incomplete marks)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     rollout_id: str
     session_ids: list[str] = Field(default_factory=list)
     entries: list[TokenEntry] = Field(default_factory=list)
+    refused: list[EngineRefusal] = Field(default_factory=list)
     incomplete_call_ids: list[str] = Field(default_factory=list)
 
 
@@ -155,13 +181,15 @@ def token_entry(record: CallRecord, rollout_id: str, parent: CallRecord | None =
 
 
 def export_rollout(records: Iterable[CallRecord], rollout_id: str) -> TokenExport:
-    """One rollout's records (one or more sessions) as entries, in call order, plus its failed calls."""
+    """One rollout's records (one or more sessions) as entries, in call order, plus its refused and failed calls."""
     ordered = sorted(records, key=lambda r: (r.started_at, r.call_id))
     by_id = {r.call_id: r for r in ordered}
     out = TokenExport(rollout_id=validate_rollout_id(rollout_id), session_ids=sorted({r.session_id for r in ordered}))
     for rec in ordered:
         if rec.complete:
             out.entries.append(token_entry(rec, rollout_id, by_id.get(rec.parent_call_id or "")))
+        elif rec.refused:
+            out.refused.append(EngineRefusal.of(rec))
         else:
             out.incomplete_call_ids.append(rec.call_id)
     return out
@@ -182,12 +210,20 @@ def export_sessions(
 
 async def publish(sink: TokenSink, exports: Iterable[TokenExport]) -> int:
     """Put every entry into any Gym ``TokenSink`` (Gym's file store, :class:`~.token_store.PolarTokenStore`, a
-    framework transport) and mark each failed call incomplete, as Gym's capture path does. Returns the entries put."""
+    framework transport), record each refused call where the sink can (Gym main's optional
+    ``record_engine_refusal``; else it is marked incomplete) and mark each failed call incomplete, as Gym's capture
+    path does. Returns the entries put."""
     n = 0
     for export in exports:
         for entry in export.entries:
             await sink.put(entry)
             n += 1
+        record_refusal = getattr(sink, "record_engine_refusal", None)
+        for refusal in export.refused:
+            if record_refusal is None:
+                await sink.mark_incomplete(export.rollout_id, refusal.model_call_id)
+            else:
+                await record_refusal(export.rollout_id, **refusal.model_dump(exclude={"status", "message"}))
         for call_id in export.incomplete_call_ids:
             await sink.mark_incomplete(export.rollout_id, call_id)
     return n
