@@ -204,18 +204,23 @@ def gym_initial_config(engine_url: str, port: int, tmp_path: Path) -> dict[str, 
     }
 
 
-def serve_and_run(proc: subprocess.Popen[Any], port: int, venv: Path, log: Path, gym_version: str) -> dict[str, Any]:
-    """Wait for the agent Gym launched (its venv is built first), check what it runs on, `/run` one bundled row."""
+def wait_up(proc: subprocess.Popen[Any], port: int, log: Path) -> str:
+    """The URL of the server Gym launched, once it answers (its venv is built first)."""
     url, started = f"http://127.0.0.1:{port}", time.monotonic()
     while True:
-        assert proc.poll() is None, f"the agent exited:\n{tail(log)}"
-        assert time.monotonic() - started < 1500, f"the agent did not come up:\n{tail(log)}"
+        assert proc.poll() is None, f"the server exited:\n{tail(log)}"
+        assert time.monotonic() - started < 1500, f"the server did not come up:\n{tail(log)}"
         try:  # Gym's own readiness check (ServerClient.poll_for_status): any HTTP answer at the server's URL
             httpx.get(url, timeout=5)
-            break
+            print(f"venv built and server up in {time.monotonic() - started:.0f}s")
+            return url
         except httpx.HTTPError:
             time.sleep(1)
-    print(f"venv built and agent up in {time.monotonic() - started:.0f}s")
+
+
+def serve_and_run(proc: subprocess.Popen[Any], port: int, venv: Path, log: Path, gym_version: str) -> dict[str, Any]:
+    """Wait for the agent Gym launched (its venv is built first), check what it runs on, `/run` one bundled row."""
+    url = wait_up(proc, port, log)
 
     # Gym's venv: nemo_polar is the wheel's, nemo-gym the version Gym pinned (probed with the server's interpreter,
     # working directory and PYTHONPATH, as Gym's run_command sets them).
@@ -290,6 +295,60 @@ def test_gym_builds_the_agent_venv_from_the_shipped_root_and_it_solves_a_task(
             )
         )
         serve_and_run(launched[0], port, venv, log_path, nemo_gym.__version__)
+
+
+NATIVE = "polar_pi_native"
+
+
+@pytest.mark.engine
+@pytest.mark.gym_venv
+@pytest.mark.timeout(1800)
+def test_gym_builds_the_native_environment_servers_venv_and_it_runs_an_episode(
+    engine_url: str, gym_uv: Path, tmp_path: Path, launched: list[subprocess.Popen[Any]]
+) -> None:
+    """The native environment server (``environment_servers/polar_env``) as the installed nemo-gym (0.7.0) builds
+    and launches it from the shipped root: its own venv, then ``/run`` of one materialized task (an anyswe row of a
+    bundled task, routed by taskset) as Gym's rollout collection posts it; the episode resolves the task."""
+    nemo_gym = pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
+    from nemo_gym.cli.env import _resolve_server_dir
+    from nemo_gym.cli.setup_command import get_venv_path, run_command, setup_env_command
+    from nemo_gym.global_config import GlobalConfigDictParser
+    from omegaconf import DictConfig, OmegaConf
+
+    from nemo_polar.env.gym.rows import example_row
+    from nemo_polar.rewards import bundled_instances
+
+    port = free_port()
+    initial = gym_initial_config(engine_url, port, tmp_path)
+    native = {"host": "127.0.0.1", "port": port, "scripted": True, "runtime": "bwrap", "timeout": 300}
+    initial[AGENT]["responses_api_agents"]["polar_agent"]["port"] = free_port()
+    initial[NATIVE] = {"environment_servers": {"polar_env": {**native, "work_dir": str(tmp_path / "sessions")}}}
+    config = GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=DictConfig(initial))
+    server_dir = _resolve_server_dir(Path("environment_servers/polar_env"))
+    assert server_dir == gym_root() / "environment_servers" / "polar_env"
+    setup = setup_env_command(server_dir, config, NATIVE)
+    assert f"nemo-gym=={nemo_gym.__version__}" in setup and "requirements.txt" in setup
+    venv = get_venv_path(server_dir, config)
+    command = f"{setup} \\\n    && {shlex.quote(str(venv / 'bin' / 'python'))} app.py"
+    env = {"NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(config), "NEMO_GYM_CONFIG_PATH": NATIVE}
+    log_path = tmp_path / "native.log"
+    with log_path.open("w") as log:
+        proc = run_command(
+            command, server_dir, NATIVE, global_config_dict=config, extra_env=env, stdout_target=log, stderr_target=log
+        )
+        launched.append(proc)
+        url = wait_up(proc, port, log_path)
+        inst = next(i for i in bundled_instances() if i.instance_id == INSTANCE)
+        row = example_row(inst, NATIVE, "anyswe")
+        body = {"episode_id": {"rollout_id": "r-7", "attempt": 0}, "task": {"task_id": {"taskset": "polar_pi",
+                "task_id": INSTANCE}, "task_input": row}}  # fmt: skip
+        resp = httpx.post(f"{url}/run", json=body, timeout=600)
+    assert resp.status_code == 200, f"{resp.text}\n{tail(log_path)}"
+    episode = resp.json()
+    assert episode["failure"] is None and episode["episode_id"] == {"rollout_id": "r-7", "attempt": 0}, episode
+    result = episode["result"]
+    assert (result["reward"], result["mask_sample"], result["grade_status"]) == (1.0, False, "resolved"), result
+    assert result["response"]["output"] and all("generation_token_ids" in o for o in result["response"]["output"])
 
 
 # NeMo-RL main 7ea279ab: Gym is the submodule 3rdparty/Gym-workspace/Gym at c3bac963 (package 0.5.1, a uv workspace
