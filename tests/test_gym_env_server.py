@@ -36,6 +36,7 @@ from tests.conftest import ProxyHandle
 from tests.test_gym import make_agent
 
 INSTANCE = next(i for i in bundled_instances() if i.instance_id == "polar__textstats-1")
+NATIVE = "polar_pi_native"
 
 
 def make_server(env: str = "polar_pi", **config: Any) -> PolarEnvironmentServer:
@@ -46,12 +47,12 @@ def make_server(env: str = "polar_pi", **config: Any) -> PolarEnvironmentServer:
 
 
 def episode_request(row: dict[str, Any], rollout_id: str = "r1", attempt: int = 0) -> dict[str, Any]:
-    """What Gym's rollout collection posts for a materialized task (``rollout_collection._episode_request_body``)."""
+    """What Gym's rollout collection posts for a materialized task: its own ``_episode_request_body``."""
+    from nemo_gym.rollout_collection import _episode_request_body
+
     task_id = {"taskset": "polar_pi", "task_id": row.get("instance_id", "t")}
-    return {
-        "episode_id": {"rollout_id": rollout_id, "attempt": attempt},
-        "task": {"task_id": task_id, "task_input": row},
-    }
+    task = {"task_id": task_id, "task_input": row, "_ng_rollout_id": rollout_id, "_ng_attempt_index": attempt}
+    return _episode_request_body(task)
 
 
 def proxy_config(proxy: ProxyHandle, tmp_path: Path) -> dict[str, Any]:
@@ -159,7 +160,8 @@ def test_failures_through_gyms_run_request(tmp_path: Path) -> None:
 @pytest.mark.engine
 def test_the_native_server_and_the_relayed_agent_give_the_same_verdict(proxy: ProxyHandle, tmp_path: Path) -> None:
     """One Gym anyswe row of a bundled task: through Gym's legacy_agent relay to the agent, and as a materialized
-    task through the native server. Both resolve it, with the same trainable verdict and main-chain shape."""
+    task through the native server, routed, posted and recorded by Gym's rollout-collection functions. Both resolve
+    it, with the same trainable verdict and main-chain shape."""
     from environment_servers.legacy_agent.app import LegacyAgentEnvironmentServer, LegacyAgentEnvironmentServerConfig
 
     row = example_row(INSTANCE, agent_name("polar_pi"), "anyswe")
@@ -181,11 +183,30 @@ def test_the_native_server_and_the_relayed_agent_give_the_same_verdict(proxy: Pr
     assert relayed.status_code == 200, relayed.text
     via_relay = relayed.json()
 
+    # The materialized task as Gym's rollout collection routes, posts and records it (its own functions).
+    from nemo_gym.rollout_collection import (
+        RolloutCollectionConfig,
+        _environment_server_for_config_row,
+        _episode_record,
+        _episode_request_body,
+        _is_episode_response,
+    )
+
+    task = {"task_id": {"taskset": "polar_pi", "task_id": INSTANCE.instance_id}, "task_input": row}
+    task |= {"_ng_task_index": 3, "_ng_rollout_index": 1}
+    collection = RolloutCollectionConfig(
+        input_jsonl_fpath="in.jsonl", output_jsonl_fpath="out.jsonl", environment_server_routes={"polar_pi": NATIVE}
+    )
+    assert _environment_server_for_config_row(task, collection) == NATIVE
+    body = _episode_request_body(task)
     server = make_server(**proxy_config(proxy, tmp_path / "native"))
     with TestClient(server.setup_webserver()) as client:
-        native = client.post("/run", json=episode_request(row, "native-1")).json()
-    assert native["failure"] is None and native["episode_id"] == {"rollout_id": "native-1", "attempt": 0}
+        native = client.post("/run", json=body).json()
+    assert _is_episode_response(native) and native["episode_id"] == body["episode_id"], native
+    assert native["failure"] is None
     result = native["result"]
+    record = _episode_record(native)  # what the collector stores: the result, scored by its top-level reward
+    assert record["reward"] == 1.0 and record["_ng_task_id"] == task["task_id"]
     for got in (via_relay, result):
         assert (got["reward"], got["mask_sample"], got["grade_status"]) == (1.0, False, "resolved"), got
         assert got["instance_id"] == INSTANCE.instance_id and got["main_segments"] == 1
