@@ -163,6 +163,29 @@ def test_the_assistant_turn_is_the_one_the_harness_was_answered_with() -> None:
     ]
 
 
+def test_a_call_id_the_model_wrote_replaces_the_harnesss_in_the_row() -> None:
+    """Mistral's format carries the call's id: the record keeps the id the model wrote beside the one the harness
+    got (``template_id``, never sent to the harness), and the row's call and the tool result answering it carry the
+    model's, as a trainer re-rendering the row with the model's template must see them."""
+    from nemo_polar.proxy.conversation import Message, ToolCall
+
+    call = ToolCall(id="call_2", name="run_shell_command", arguments='{"command":"ls"}', template_id="Ab3dE6gH9")
+    turn = Message(role="assistant", tool_calls=[call])
+    recorded = turn.recorded()
+    assert recorded["tool_calls"][0]["template_id"] == "Ab3dE6gH9"
+    assert "template_id" not in turn.model_dump()["tool_calls"][0]  # the harness's view is unchanged
+    assert Message.model_validate({"role": "assistant", **recorded}).tool_calls[0].template_id == "Ab3dE6gH9"
+
+    first, second = qwen_code_session()
+    records = [first.model_copy(update={"output": recorded}), second]
+    row, _ = one_row(records)
+    [assistant] = [m for m in messages(row) if m["tool_calls"]]
+    [tool] = [m for m in messages(row) if m["role"] == "tool"]
+    assert assistant["tool_calls"][0]["id"] == tool["tool_call_id"] == "Ab3dE6gH9"
+    plain, _ = one_row(qwen_code_session())  # no id of the model's own: the harness's stays
+    assert [m["tool_call_id"] for m in messages(plain) if m["role"] == "tool"] == ["call_2"]
+
+
 def test_anthropic_request_with_thinking_and_tool_result() -> None:
     body = load_fixture("claude-code", "reasoning_turn2.json")["body"]
     row, _ = one_row([record("m2", "anthropic", body, [7], [40, EOT], DONE)])

@@ -441,6 +441,7 @@ def _demo_on(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
             assert f'"call_id": "{sampled_id}"' in tok.decode(
                 second["prompt_token_ids"][len(first["prompt_token_ids"]) :]
             )
+            assert call["template_id"] == sampled_id  # recorded beside the harness's id, for the export
 
 
 @pytest.mark.parametrize(

@@ -391,7 +391,7 @@ class Proxy:
         self, session: Session, record: CallRecord, conv: Conversation, gen: Generation, echo_ids: list[str]
     ) -> None:
         message = gen.output.as_message()
-        record.output = message.model_dump(mode="json", exclude_defaults=True)
+        record.output = message.recorded()
         await session.writer.append(record)
         session.commit(record, conv, message, echo_ids)
         self.metrics.observe(record)

@@ -38,6 +38,15 @@ class Message(BaseModel):
     echo_ids: list[str] = Field(default_factory=list, exclude=True)
     source_call_id: str | None = Field(default=None, exclude=True)
 
+    def recorded(self) -> dict[str, Any]:
+        """The message as a call record keeps it: what the harness got, plus the ids the model itself wrote for its
+        calls (``template_id``, never sent to the harness) so that a re-render from records uses them."""
+        out = self.model_dump(mode="json", exclude_defaults=True)
+        for call, dumped in zip(self.tool_calls, out.get("tool_calls", []), strict=True):
+            if call.template_id is not None:
+                dumped["template_id"] = call.template_id
+        return out
+
     def to_template(self) -> dict[str, Any]:
         """The OpenAI-chat message dict the engine's chat template renders."""
         msg: dict[str, Any] = {"role": self.role, "content": self.content}

@@ -101,16 +101,30 @@ def output_message(rec: CallRecord, conv: Conversation) -> Message:
     return msg
 
 
-def _sft_message(msg: Message) -> SFTMessage:
+def _sft_message(msg: Message, model_ids: Mapping[str, str]) -> SFTMessage:
+    """A message of an SFT row; a call id the model itself wrote (``model_ids``: the harness's id -> the model's, as
+    Mistral's format carries them) replaces the harness's, in the call and in the tool result that answers it."""
     return SFTMessage(
         role=msg.role,
         content=msg.content,
         reasoning_content=msg.reasoning or None,
         tool_calls=[
-            SFTToolCall(id=c.id, function=SFTFunction(name=c.name, arguments=c.arguments)) for c in msg.tool_calls
+            SFTToolCall(id=model_ids.get(c.id, c.id), function=SFTFunction(name=c.name, arguments=c.arguments))
+            for c in msg.tool_calls
         ],
-        tool_call_id=msg.tool_call_id if msg.role == "tool" else None,
+        tool_call_id=model_ids.get(msg.tool_call_id or "", msg.tool_call_id) if msg.role == "tool" else None,
     )
+
+
+def model_call_ids(trace: Trace, records: Mapping[str, CallRecord]) -> dict[str, str]:
+    """The harness's call id -> the id the model wrote, for the trace's calls whose format carries one."""
+    return {
+        call["id"]: call["template_id"]
+        for span in trace.spans
+        if span.call_id in records and records[span.call_id].output
+        for call in (records[span.call_id].output or {}).get("tool_calls", [])
+        if call.get("template_id")
+    }
 
 
 def _by_id(records: Iterable[CallRecord] | Mapping[str, CallRecord]) -> Mapping[str, CallRecord]:
@@ -129,6 +143,7 @@ def _last_record(trace: Trace, records: Mapping[str, CallRecord]) -> CallRecord:
 def sft_row(trace: Trace, records: Mapping[str, CallRecord], metadata: Mapping[str, Any] | None = None) -> SFTRow:
     last = _last_record(trace, records)
     conv = conversation(last)
+    model_ids = model_call_ids(trace, records)
     tools = conv.template_tools() if conv.tool_choice != "none" else None  # what the proxy rendered
     meta: dict[str, Any] = {
         "api": last.api,
@@ -143,7 +158,7 @@ def sft_row(trace: Trace, records: Mapping[str, CallRecord], metadata: Mapping[s
     return SFTRow(
         trace_id=trace.trace_id,
         session_id=trace.session_id,
-        messages=[_sft_message(m) for m in [*conv.messages, output_message(last, conv)]],
+        messages=[_sft_message(m, model_ids) for m in [*conv.messages, output_message(last, conv)]],
         tools=json.dumps(tools or [], ensure_ascii=False),
         prompt_token_ids=trace.prompt_ids,
         response_ids=trace.response_ids,
