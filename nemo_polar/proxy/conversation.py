@@ -24,7 +24,8 @@ class ToolCall(BaseModel):
     name: str
     arguments: str = "{}"  # JSON text of the arguments object
     kind: Literal["function", "custom"] = "function"
-    # The id the model itself wrote for this call, where its format carries one (Mistral's); the harness sees ``id``.
+    # The id the model itself wrote for this call, where its format carries one (Mistral's, Kimi's); the harness
+    # sees ``id``.
     template_id: str | None = Field(default=None, exclude=True)
 
 
@@ -116,8 +117,9 @@ class TemplateTraits(BaseModel):
     # The template refuses two user messages in a row (Mistral's strict alternation): they are joined, as
     # mistral-common joins them. Codex's leading system messages, merged, are followed by two user messages.
     join_users: bool = False
-    # The template refuses call ids other than 9 letters and digits (Mistral's): see ``template_call_id``.
-    call_ids: Literal["as_sent", "alnum9"] = "as_sent"
+    # The call ids the model's format takes (see ``template_call_id``): 9 letters and digits (Mistral's template
+    # refuses others), or ``functions.NAME:INDEX`` (Kimi's parser drops a call without one).
+    call_ids: CallIdForm = "as_sent"
 
     def apply(
         self, messages: list[dict[str, Any]], sampled_ids: dict[str, str] | None = None
@@ -150,38 +152,67 @@ class TemplateTraits(BaseModel):
             if len(joined_users) < len(out):
                 notes.append(f"users_joined:{len(out) - len(joined_users)}")
                 out = joined_users
-        if self.call_ids == "alnum9":
-            out = [_with_template_ids(m, sampled_ids or {}) for m in out]
+        if self.call_ids != "as_sent":
+            out = _with_template_ids(out, sampled_ids or {}, self.call_ids)
         return out, " ".join(notes) or None
 
 
-_ALNUM9 = re.compile(r"[A-Za-z0-9]{9}")
+CallIdForm = Literal["as_sent", "alnum9", "functions_index"]
+_FORMS: dict[str, re.Pattern[str]] = {
+    "alnum9": re.compile(r"[A-Za-z0-9]{9}"),
+    "functions_index": re.compile(r"functions\.[^\s:]+:\d+"),
+}
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-def template_call_id(harness_id: str, sampled_ids: dict[str, str]) -> str:
-    """The 9-character id a Mistral-style template takes for a call the harness knows as ``harness_id``: the id the
-    model wrote for it (so a tool result answers the call as the model sampled it), else the harness's own id where
-    it already qualifies, else one derived from it (the same on every render, so renders stay append-only)."""
+def template_call_id(
+    harness_id: str, sampled_ids: dict[str, str], form: CallIdForm = "alnum9", name: str = "", index: int = 0
+) -> str:
+    """The id a template of ``form`` takes for a call the harness knows as ``harness_id`` (the ``index``-th call of
+    the conversation, to ``name``): the id the model wrote for it (so a tool result answers the call as the model
+    sampled it), else the harness's own id where it already has the form, else one derived from it, the same on
+    every render so that renders stay append-only (``alnum9``: 9 letters and digits from its digest;
+    ``functions_index``: ``functions.NAME:INDEX``, as Kimi numbers a conversation's calls)."""
     if harness_id in sampled_ids:
         return sampled_ids[harness_id]
-    if _ALNUM9.fullmatch(harness_id):
+    if form == "as_sent" or _FORMS[form].fullmatch(harness_id):
         return harness_id
+    if form == "functions_index":
+        return f"functions.{name}:{index}"
     n = int.from_bytes(hashlib.sha256(harness_id.encode()).digest()[:8], "big")
     return "".join(_BASE62[(n // 62**k) % 62] for k in range(9))
 
 
+def script_call_id(form: CallIdForm, name: str, index: int) -> str:
+    """The id a scripted turn writes for its ``index``-th call: one every template of ``form`` takes."""
+    return f"functions.{name}:{index}" if form == "functions_index" else f"call{index:05d}"
+
+
 def valid_template_id(ident: Any) -> bool:
-    return isinstance(ident, str) and _ALNUM9.fullmatch(ident) is not None
+    """An id the model wrote in a form some template insists on (what a record keeps as ``template_id``)."""
+    return isinstance(ident, str) and any(p.fullmatch(ident) for p in _FORMS.values())
 
 
-def _with_template_ids(message: dict[str, Any], sampled_ids: dict[str, str]) -> dict[str, Any]:
-    if message.get("tool_calls"):
-        calls = [{**c, "id": template_call_id(c.get("id") or "", sampled_ids)} for c in message["tool_calls"]]
-        return {**message, "tool_calls": calls}
-    if message["role"] == "tool":
-        return {**message, "tool_call_id": template_call_id(message.get("tool_call_id") or "", sampled_ids)}
-    return message
+def _with_template_ids(
+    messages: list[dict[str, Any]], sampled_ids: dict[str, str], form: CallIdForm
+) -> list[dict[str, Any]]:
+    """Every call id as the template takes it; a tool result answers its call by the id the call was given."""
+    given: dict[str, str] = {}
+    out = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                harness_id, name = call.get("id") or "", (call.get("function") or {}).get("name") or "tool"
+                given[harness_id] = template_call_id(harness_id, sampled_ids, form, name, len(given))
+                calls.append({**call, "id": given[harness_id]})
+            message = {**message, "tool_calls": calls}
+        elif message["role"] == "tool":
+            harness_id = message.get("tool_call_id") or ""
+            mapped = given.get(harness_id) or template_call_id(harness_id, sampled_ids, form, "tool", len(given))
+            message = {**message, "tool_call_id": mapped}
+        out.append(message)
+    return out
 
 
 class Conversation(BaseModel):

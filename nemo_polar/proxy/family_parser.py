@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.engine.launcher import engine_python
+from nemo_polar.proxy.conversation import CallIdForm
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
@@ -33,11 +35,20 @@ IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
 
 
 MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's calls follow this token: a JSON list, each call with its "id"
+# Kimi K2's call header is its id: <|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>
+KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>", re.DOTALL)
+
+# The call-id form a family's format needs where its template would take any id (conversation.TemplateTraits):
+# vLLM's kimi_k2 parser drops a call whose header is not functions.NAME:INDEX.
+CALL_ID_FORMS: dict[str, CallIdForm] = {"kimi_k2": "functions_index"}
 
 
 def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
-    """The ids the model wrote for its calls, in order, where the family's format carries them and vLLM's parser
-    drops them (Mistral's ``[TOOL_CALLS][{..., "id": "..."}]``: its parser mints random ones)."""
+    """The ids the model wrote for its calls, in order, where the family's format carries them and the proxy does
+    not hand them to the harness (Mistral's ``[TOOL_CALLS][{..., "id": "..."}]``, whose parser mints random ones;
+    Kimi's call headers): a record keeps them, and a re-render gives each call back the id the model wrote."""
+    if tool_parser == "kimi_k2":
+        return [m.group(1) for m in KIMI_CALL.finditer(text)]
     if tool_parser != "mistral" or MISTRAL_CALLS not in text:
         return []
     try:

@@ -87,6 +87,7 @@ async def plan(
 ) -> Plan:
     info = await engine.info()
     messages, placed = conv.placed_messages(traits)
+    call_ids = traits.call_ids if traits is not None else "as_sent"
     mode = session.config.mode
     sampling = SamplingParams.resolve(conv.sampling, session.config.sampling_overrides)
     tools = conv.template_tools() if conv.tool_choice != "none" else None
@@ -112,7 +113,7 @@ async def plan(
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
         return Plan(
             "/v1/completions",
-            {**body, **await scripted.engine_extra(engine, session)},
+            {**body, **await scripted.engine_extra(engine, session, call_ids)},
             sampling,
             parent,
             reason,
@@ -146,7 +147,7 @@ async def plan(
     render_reason = f"engine_render:{reason}"
     return Plan(
         "/v1/chat/completions",
-        {**body, **await scripted.engine_extra(engine, session)},
+        {**body, **await scripted.engine_extra(engine, session, call_ids)},
         sampling,
         parent,
         render_reason,

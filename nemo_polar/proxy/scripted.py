@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from nemo_polar.proxy.conversation import CallIdForm
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.sessions import FORCED_IDS, THEN_STOP, ScriptTurn, Session
@@ -23,8 +24,9 @@ PROBE_TEXT = "Scripted turns are held to these tokens."
 REASONING = "The script gives this turn."
 
 
-async def engine_extra(engine: EngineClient, session: Session) -> dict[str, Any]:
-    """What is merged into the engine request of the session's next call (its script entry, if any)."""
+async def engine_extra(engine: EngineClient, session: Session, call_ids: CallIdForm = "as_sent") -> dict[str, Any]:
+    """What is merged into the engine request of the session's next call (its script entry, if any); ``call_ids``:
+    the form of call id the model's format takes (TemplateTraits)."""
     position = session.answered_calls()
     script = session.config.script
     step = script[position] if position < len(script) else None
@@ -32,12 +34,17 @@ async def engine_extra(engine: EngineClient, session: Session) -> dict[str, Any]
         return session.config.engine_extra(position)
     if position not in session.forced:
         await check_forcing(engine)
-        session.forced[position] = await turn_ids(engine, step, session.config.chat_template_kwargs, position)
+        kwargs = session.config.chat_template_kwargs
+        session.forced[position] = await turn_ids(engine, step, kwargs, position, call_ids)
     return session.config.engine_extra(position, session.forced[position])
 
 
 async def turn_ids(
-    engine: EngineClient, turn: ScriptTurn, template_kwargs: dict[str, Any], position: int
+    engine: EngineClient,
+    turn: ScriptTurn,
+    template_kwargs: dict[str, Any],
+    position: int,
+    call_ids: CallIdForm = "as_sent",
 ) -> dict[str, Any]:
     """The forced-tokens processor's fields for ``turn``: its ids and the token the template writes after it.
 
@@ -62,13 +69,13 @@ async def turn_ids(
     try:
         prompt = await text(OPENING, True)
         for candidate in candidates:
-            message = candidate.message()
+            message = candidate.message(call_ids)
             written = await text([*OPENING, message], False)
             if len(written) <= len(prompt) or not written.startswith(prompt):
                 continue
             fields: dict[str, Any] = {FORCED_IDS: await ids(written[len(prompt) :])}
             with contextlib.suppress(ProxyError):  # a template that takes no such next message: any stop ends it
-                after = await text([*OPENING, message, _next_message(candidate)], False)
+                after = await text([*OPENING, message, _next_message(message)], False)
                 if after.startswith(written) and len(after) > len(written):
                     fields[THEN_STOP] = (await ids(after[len(written) :]))[0]
             return fields
@@ -84,10 +91,10 @@ async def turn_ids(
     )
 
 
-def _next_message(turn: ScriptTurn) -> dict[str, Any]:
+def _next_message(message: dict[str, Any]) -> dict[str, Any]:
     """What follows the turn in a session: the first call's result, or the user's next message."""
-    if turn.tool_calls:
-        return {"role": "tool", "tool_call_id": "call00000", "content": "ok"}
+    if message.get("tool_calls"):
+        return {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "ok"}
     return {"role": "user", "content": "Go on."}
 
 

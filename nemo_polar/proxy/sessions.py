@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from nemo_polar.proxy.conversation import Conversation, Message, fingerprint
+from nemo_polar.proxy.conversation import CallIdForm, Conversation, Message, fingerprint, script_call_id
 from nemo_polar.proxy.records import CallRecord, History, Mode, RecordWriter, read_records
 from nemo_polar.proxy.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
@@ -41,10 +41,11 @@ class ScriptTurn(BaseModel):
     tool_calls: list[ScriptCall] = Field(default_factory=list)
     reasoning: str | None = Field(default=None, description="written where the template writes reasoning")
 
-    def message(self) -> dict[str, Any]:
+    def message(self, call_ids: CallIdForm = "as_sent") -> dict[str, Any]:
+        """The turn as a chat message, its calls' ids of a form the template (``call_ids``) takes."""
         calls = [
             {
-                "id": f"call{i:05d}",  # 9 letters and digits: the one id form every template takes
+                "id": script_call_id(call_ids, c.name, i),
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }
