@@ -91,7 +91,8 @@ def replay(proxy: ProxyClient, engine_url: str) -> tuple[int, int, dict[str, int
     async def engine_render(body: dict[str, Any], api: str) -> list[int]:
         engine = EngineClient(engine_url)
         try:
-            traits = await probe_template(EngineRenderer(engine))
+            tool_parser = (await engine.info()).family.get("tool_call_parser")  # as the proxy probes it
+            traits = await probe_template(EngineRenderer(engine), tool_parser)
             conv = get_adapter(CAPTURED_APIS[api]).parse(body)
             tools = conv.template_tools() if conv.tool_choice != "none" else None
             return await EngineRenderer(engine).render(conv.template_messages(traits), tools, {})

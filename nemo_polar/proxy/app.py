@@ -30,7 +30,7 @@ from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
-from nemo_polar.proxy.family_parser import CALL_ID_FORMS, FamilyStream, ParserWorker, family_format
+from nemo_polar.proxy.family_parser import FamilyStream, ParserWorker, family_format
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import StreamEmitter, new_id
@@ -139,12 +139,8 @@ class Proxy:
         """Where the engine's chat template takes system messages: probed on the first call, then kept (the
         in-process renderer is adopted only when it renders exactly as the engine does)."""
         if self._traits is None:
-            traits = await probe_template(self.current_renderer())
             tool_parser = self.config.tool_call_parser or (await self.engine.info()).family.get("tool_call_parser")
-            form = CALL_ID_FORMS.get(tool_parser or "")
-            if form is not None and traits.call_ids == "as_sent":  # the template takes any id; the format does not
-                traits = traits.model_copy(update={"call_ids": form})
-            self._traits = traits
+            self._traits = await probe_template(self.current_renderer(), tool_parser)
         return self._traits
 
     async def family_stream(self, session: Session, conv: Conversation) -> Callable[[list[int]], FamilyStream] | None:

@@ -158,6 +158,9 @@ class TemplateTraits(BaseModel):
 
 
 CallIdForm = Literal["as_sent", "alnum9", "functions_index"]
+# The call-id form a family's format needs where its template would take any id, by vLLM's tool-call parser name:
+# the kimi_k2 parser drops a call whose header is not functions.NAME:INDEX.
+CALL_ID_FORMS: dict[str, CallIdForm] = {"kimi_k2": "functions_index"}
 _FORMS: dict[str, re.Pattern[str]] = {
     "alnum9": re.compile(r"[A-Za-z0-9]{9}"),
     "functions_index": re.compile(r"functions\.[^\s:]+:\d+"),

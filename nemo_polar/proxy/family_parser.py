@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.engine.launcher import engine_python
-from nemo_polar.proxy.conversation import CallIdForm
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
@@ -37,10 +36,6 @@ IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
 MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's calls follow this token: a JSON list, each call with its "id"
 # Kimi K2's call header is its id: <|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>
 KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>", re.DOTALL)
-
-# The call-id form a family's format needs where its template would take any id (conversation.TemplateTraits):
-# vLLM's kimi_k2 parser drops a call whose header is not functions.NAME:INDEX.
-CALL_ID_FORMS: dict[str, CallIdForm] = {"kimi_k2": "functions_index"}
 
 
 def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from jinja2 import TemplateSyntaxError
 
 from nemo_polar.proxy import fastjson
-from nemo_polar.proxy.conversation import TemplateTraits
+from nemo_polar.proxy.conversation import CALL_ID_FORMS, TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, template_refused
 from nemo_polar.proxy.prefix import common_prefix
@@ -87,12 +87,13 @@ def _tool_turn(ident: str) -> list[dict[str, Any]]:
     ]
 
 
-async def probe_template(renderer: Renderer) -> TemplateTraits:
+async def probe_template(renderer: Renderer, tool_parser: str | None = None) -> TemplateTraits:
     """Which system-message placements the template refuses (a client error on render), silently drops (the
     render is the same without that message: gpt-oss's renders only the first system message) or moves (DeepSeek
     V3.1's gathers every system message at the top, which would rewrite the prefix), whether it renders tools at
     all (Gemma 3's has no tool support: the model would never see them), whether it takes two user messages in a
-    row and call ids of the harnesses' own forms (Mistral's takes neither), tried once each."""
+    row and call ids of the harnesses' own forms (Mistral's takes neither), tried once each. Where the template
+    takes any id but the family's ``tool_parser`` reads only one form (Kimi K2's), the ids take that form."""
 
     async def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int] | None:
         return await _render_or_none(renderer, messages, tools)
@@ -120,7 +121,9 @@ async def probe_template(renderer: Renderer) -> TemplateTraits:
         later_as_user=not await takes(_LATER_SYSTEM, 3) or await moves(_LATER_SYSTEM, 3),
         renders_tools=with_tools is not None and with_tools != await ids(chat),
         join_users=await ids(two_users) is None and await ids(two_users[:1]) is not None,
-        call_ids="alnum9" if harness_ids is None and await ids(_tool_turn(PROBE_ID), PROBE_TOOLS) else "as_sent",
+        call_ids="alnum9"
+        if harness_ids is None and await ids(_tool_turn(PROBE_ID), PROBE_TOOLS)
+        else CALL_ID_FORMS.get(tool_parser or "", "as_sent"),
     )
 
 
