@@ -218,6 +218,32 @@ def wait_up(proc: subprocess.Popen[Any], port: int, log: Path) -> str:
             time.sleep(1)
 
 
+def gym_launch(
+    initial: dict[str, Any], server: str, instance: str, log: Any
+) -> tuple[subprocess.Popen[Any], Path, str]:
+    """A server as the installed nemo-gym (0.7.0) launches it: its config parsed from ``initial``, the server's
+    directory resolved as `gym env start` resolves it, its venv set up by Gym's setup_env_command, then its
+    entrypoint run as RunHelper._start builds the launch (nemo_gym/cli/env.py, _server_launch_command): the setup,
+    then the venv's own interpreter on app.py, with the merged config and the instance name in the environment
+    (run_command's extra_env). Returns the process, the venv and the setup command."""
+    from nemo_gym.cli.env import _resolve_server_dir
+    from nemo_gym.cli.setup_command import get_venv_path, run_command, setup_env_command
+    from nemo_gym.global_config import GlobalConfigDictParser
+    from omegaconf import DictConfig, OmegaConf
+
+    config = GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=DictConfig(initial))
+    server_dir = _resolve_server_dir(Path(server))
+    assert server_dir == gym_root() / server
+    setup = setup_env_command(server_dir, config, instance)
+    venv = get_venv_path(server_dir, config)
+    command = f"{setup} \\\n    && {shlex.quote(str(venv / 'bin' / 'python'))} app.py"
+    env = {"NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(config), "NEMO_GYM_CONFIG_PATH": instance}
+    proc = run_command(
+        command, server_dir, instance, global_config_dict=config, extra_env=env, stdout_target=log, stderr_target=log
+    )
+    return proc, venv, setup
+
+
 def serve_and_run(proc: subprocess.Popen[Any], port: int, venv: Path, log: Path, gym_version: str) -> dict[str, Any]:
     """Wait for the agent Gym launched (its venv is built first), check what it runs on, `/run` one bundled row."""
     url = wait_up(proc, port, log)
@@ -261,39 +287,16 @@ def test_gym_builds_the_agent_venv_from_the_shipped_root_and_it_solves_a_task(
 ) -> None:
     """The installed nemo-gym (0.7.0): its own setup_env_command, run_command and launch."""
     nemo_gym = pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
-    from nemo_gym.cli.env import _resolve_server_dir
-    from nemo_gym.cli.setup_command import get_venv_path, run_command, setup_env_command
-    from nemo_gym.global_config import GlobalConfigDictParser
-    from omegaconf import DictConfig, OmegaConf
 
     port = free_port()
-    initial = gym_initial_config(engine_url, port, tmp_path)
-    config = GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=DictConfig(initial))
-    agent_dir = _resolve_server_dir(Path("responses_api_agents/polar_agent"))  # as `gym env start` resolves it
-    assert agent_dir == gym_root() / "responses_api_agents" / "polar_agent"
-
-    setup = setup_env_command(agent_dir, config, AGENT)
-    # Gym's non-editable branch: its own nemo-gym, our requirements.txt through its `../..` filter.
-    assert f"nemo-gym=={nemo_gym.__version__}" in setup and "grep -v -F" in setup and "requirements.txt" in setup
-    venv = get_venv_path(agent_dir, config)
-    # The launch as nemo-gym 0.7.0's RunHelper._start builds it (nemo_gym/cli/env.py, _server_launch_command): the
-    # setup, then the venv's own interpreter on the entrypoint, with the merged config and the instance name in the
-    # environment (run_command's extra_env).
-    command = f"{setup} \\\n    && {shlex.quote(str(venv / 'bin' / 'python'))} app.py"
-    env = {"NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(config), "NEMO_GYM_CONFIG_PATH": AGENT}
     log_path = tmp_path / "agent.log"
     with log_path.open("w") as log:
-        launched.append(
-            run_command(
-                command,
-                agent_dir,
-                AGENT,
-                global_config_dict=config,
-                extra_env=env,
-                stdout_target=log,
-                stderr_target=log,
-            )
+        proc, venv, setup = gym_launch(
+            gym_initial_config(engine_url, port, tmp_path), "responses_api_agents/polar_agent", AGENT, log
         )
+        launched.append(proc)
+        # Gym's non-editable branch: its own nemo-gym, our requirements.txt through its `../..` filter.
+        assert f"nemo-gym=={nemo_gym.__version__}" in setup and "grep -v -F" in setup and "requirements.txt" in setup
         serve_and_run(launched[0], port, venv, log_path, nemo_gym.__version__)
 
 
@@ -310,38 +313,23 @@ def test_gym_builds_the_native_environment_servers_venv_and_it_runs_an_episode(
     and launches it from the shipped root: its own venv, then ``/run`` of one materialized task (an anyswe row of a
     bundled task, routed by taskset) as Gym's rollout collection posts it; the episode resolves the task."""
     nemo_gym = pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
-    from nemo_gym.cli.env import _resolve_server_dir
-    from nemo_gym.cli.setup_command import get_venv_path, run_command, setup_env_command
-    from nemo_gym.global_config import GlobalConfigDictParser
-    from omegaconf import DictConfig, OmegaConf
-
     from nemo_polar.env.gym.rows import example_row
     from nemo_polar.rewards import bundled_instances
+    from tests.test_gym_env_server import episode_request
 
     port = free_port()
     initial = gym_initial_config(engine_url, port, tmp_path)
     native = {"host": "127.0.0.1", "port": port, "scripted": True, "runtime": "bwrap", "timeout": 300}
     initial[AGENT]["responses_api_agents"]["polar_agent"]["port"] = free_port()
     initial[NATIVE] = {"environment_servers": {"polar_env": {**native, "work_dir": str(tmp_path / "sessions")}}}
-    config = GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=DictConfig(initial))
-    server_dir = _resolve_server_dir(Path("environment_servers/polar_env"))
-    assert server_dir == gym_root() / "environment_servers" / "polar_env"
-    setup = setup_env_command(server_dir, config, NATIVE)
-    assert f"nemo-gym=={nemo_gym.__version__}" in setup and "requirements.txt" in setup
-    venv = get_venv_path(server_dir, config)
-    command = f"{setup} \\\n    && {shlex.quote(str(venv / 'bin' / 'python'))} app.py"
-    env = {"NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(config), "NEMO_GYM_CONFIG_PATH": NATIVE}
     log_path = tmp_path / "native.log"
     with log_path.open("w") as log:
-        proc = run_command(
-            command, server_dir, NATIVE, global_config_dict=config, extra_env=env, stdout_target=log, stderr_target=log
-        )
+        proc, _, setup = gym_launch(initial, "environment_servers/polar_env", NATIVE, log)
         launched.append(proc)
+        assert f"nemo-gym=={nemo_gym.__version__}" in setup and "requirements.txt" in setup
         url = wait_up(proc, port, log_path)
         inst = next(i for i in bundled_instances() if i.instance_id == INSTANCE)
-        row = example_row(inst, NATIVE, "anyswe")
-        body = {"episode_id": {"rollout_id": "r-7", "attempt": 0}, "task": {"task_id": {"taskset": "polar_pi",
-                "task_id": INSTANCE}, "task_input": row}}  # fmt: skip
+        body = episode_request(example_row(inst, NATIVE, "anyswe"), "r-7")  # as Gym's rollout collection posts it
         resp = httpx.post(f"{url}/run", json=body, timeout=600)
     assert resp.status_code == 200, f"{resp.text}\n{tail(log_path)}"
     episode = resp.json()

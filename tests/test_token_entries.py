@@ -308,9 +308,10 @@ def polar_store(root: Path) -> PolarTokenStore:
 
 @pytest.mark.parametrize("make", [gym_file_store, polar_store], ids=["gym_file_store", "polar_token_store"])
 def test_begin_call_custody_and_delete_behave_as_in_gyms_file_store(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The same scenario on Gym's own file store and on ours: an intent without an entry masks the rollout; a drop
-    retires it (writes refused); ``delete`` removes everything unconditionally, retirement included, so the rollout
-    id takes writes and freezes afresh."""
+    """The same scenario on Gym's own file store (nemo-gym 0.7.0, nemo_gym/token_id_capture/store.py: begin_call,
+    drop, delete) and on ours: an intent without an entry masks the rollout; a drop retires it (writes refused);
+    ``delete`` removes everything unconditionally, retirement included, so the rollout id takes writes and freezes
+    afresh."""
     entry = token_entry(rec("a", [1], [10, EOT]), "r-1")
     other = token_entry(rec("b", [2], [11, EOT]), "r-1")
 
@@ -338,7 +339,13 @@ def test_begin_call_custody_and_delete_behave_as_in_gyms_file_store(make, tmp_pa
 def test_engine_refusals_resolve_intents_in_the_polar_store(tmp_path: Path) -> None:
     """Gym main's optional ``record_engine_refusal``: durable, it resolves the call's intent; refused after a
     freeze like any write; a call both sampled and refused is a conflict. ``publish`` records the proxy's refused
-    calls where the sink can, and marks them incomplete in a sink that cannot (Gym 0.7.0's file store)."""
+    calls where the sink can, and marks them incomplete in a sink that cannot (Gym 0.7.0's file store).
+
+    Restated, not run: Gym main's sink method (``record_engine_refusal(rollout_id, *, model_call_id, code,
+    parent_call_id=None, ...)``) and its conformance check ``refuse_call_resolution`` are known from Gym's docs and
+    PR threads after 0.7.0 (nemo_gym/models/token_capture on main); no snapshot of that code is reachable here (the
+    newest, NVIDIA-NeMo/Gym 07d6b0d of 2026-08-22, predates it). The intent rule is 0.7.0's begin_call
+    (nemo_gym/token_id_capture/store.py, _dangling_intents), run on Gym's own store in the test above."""
     a = rec("a", [1], [10, EOT], session_id=SESSION)
     refused = refused_rec("r", [1, 10, EOT, 5], parent_call_id="a", session_id=SESSION)
 
