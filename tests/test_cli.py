@@ -93,6 +93,30 @@ def test_an_idle_keep_alive_connection_outlasts_the_clients_own_expiry() -> None
         conn.close()
 
 
+def test_the_proxys_listeners_hold_distinct_ports_from_construction() -> None:
+    """Both listeners are bound when the server is built: no other socket can take either port before it starts
+    (two separate free-port probes once handed both listeners the same port), and a taken port is a clear error."""
+    import socket
+
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.serve import ProxyServer
+
+    config = ProxyConfig(engine_url="http://127.0.0.1:9", render="engine")
+    server = ProxyServer(config)
+    assert server.port != server.admin_port
+    for port in (server.port, server.admin_port):
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+    with server:
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            ProxyServer(config, port=port)
+
+
 def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> None:
     """A token that starts with '-' works on every path; by environment or file it never appears in argv."""
     import os

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +43,23 @@ def model_family(path: Path) -> dict[str, Any]:
     return json.loads(file.read_text()) if file.exists() else {}
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A free loopback TCP port (for engines and servers started by tests, benches and the demo)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback TCP port (for engines and servers started by tests, benches and the demo).
+
+    Never the same port twice in one process: the kernel may hand a just-released port out again, and two ports
+    asked for together (a proxy's model and admin listeners) must differ before either process binds them."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def has_gpu() -> bool:

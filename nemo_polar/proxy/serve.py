@@ -1,4 +1,7 @@
-"""Serve ASGI apps in-process: uvicorn in a background thread on free loopback ports.
+"""Serve ASGI apps in-process: uvicorn in a background thread on loopback ports.
+
+Each listener's socket is bound before uvicorn starts (port 0: the kernel picks one and it stays held), so two
+listeners can never be handed the same port, as two separate free-port probes sometimes were.
 
 :class:`ProxyServer` runs the proxy's model and admin apps as two listeners on one event loop (they share the
 engine client, sessions and admission state, which are bound to it). :class:`BackgroundServer` runs any single app.
@@ -7,13 +10,13 @@ engine client, sessions and admission state, which are bound to it). :class:`Bac
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI
 
-from nemo_polar.engine.launcher import free_port
 from nemo_polar.proxy.app import ProxyApps, ProxyConfig, create_apps
 from nemo_polar.proxy.client import ProxyClient
 
@@ -24,19 +27,28 @@ KEEP_ALIVE_S = 75
 
 
 class _Servers:
-    """uvicorn servers on one loop in a daemon thread; a context manager that waits until all are serving."""
+    """uvicorn servers on one loop in a daemon thread; a context manager that waits until all are serving.
 
-    def __init__(self, apps: list[tuple[FastAPI, str, int]], log_level: str = "warning") -> None:
+    ``apps`` are (app, host, port); port ``None`` binds a free one, read back from :attr:`ports`."""
+
+    def __init__(self, apps: list[tuple[FastAPI, str, int | None]], log_level: str = "warning") -> None:
+        self.sockets: list[socket.socket] = []
+        try:
+            for _, host, port in apps:
+                self.sockets.append(_listen(host, port))
+        except OSError:
+            for sock in self.sockets:
+                sock.close()
+            raise
+        self.ports = [s.getsockname()[1] for s in self.sockets]
         self.servers = [
-            uvicorn.Server(
-                uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
-            )
-            for app, host, port in apps
+            uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S))
+            for app, _, _ in apps
         ]
         self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
 
     async def _serve(self) -> None:
-        await asyncio.gather(*(s.serve() for s in self.servers))
+        await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(self.servers, self.sockets, strict=True)))
 
     def start(self, timeout: float = 20.0) -> None:
         self.thread.start()
@@ -50,15 +62,32 @@ class _Servers:
     def stop(self) -> None:
         for s in self.servers:
             s.should_exit = True
-        self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+        for sock in self.sockets:
+            sock.close()
+
+
+def _listen(host: str, port: int | None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port or 0))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
 
 
 class BackgroundServer:
     """Run one ASGI app with uvicorn in a daemon thread."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None) -> None:
-        self.host, self.port = host, port or free_port()
-        self._servers = _Servers([(app, self.host, self.port)])
+        self.host = host
+        self._servers = _Servers([(app, host, port)])
+        self.port = self._servers.ports[0]
 
     @property
     def url(self) -> str:
@@ -87,12 +116,12 @@ class ProxyServer:
     ) -> None:
         """``api_key`` pre-creates one session with that key (see :func:`create_apps`)."""
         self.apps: ProxyApps = create_apps(config, api_key=api_key)
-        self.host, self.port = host, port or free_port()
-        self.admin_port = admin_port or free_port()
-        if self.admin_port == self.port:
+        if port is not None and port == admin_port:
             raise ValueError("the model and admin listeners need different ports")
-        listeners = [(self.apps.model, host, self.port), (self.apps.admin, host, self.admin_port)]
+        listeners = [(self.apps.model, host, port), (self.apps.admin, host, admin_port)]
+        self.host = host
         self._servers = _Servers(listeners, log_level)
+        self.port, self.admin_port = self._servers.ports
 
     @property
     def url(self) -> str:
