@@ -12,7 +12,8 @@ the family's own tool-call and reasoning parsers; nemo_polar/engine/build_models
   only goes on to its next call, and only solves its task, if the CLI ran the call), merged traces per session and
   breaks (history policy ``sampled``), and the audit (every trainable token an id the engine sampled, every
   stitched context the engine's prompt);
-- **render**: the proxy's per-call render at 32k tokens (``bench.render_scale --context 32768``).
+- **render**: the proxy's per-call render at 64k tokens (``bench.render_scale --context 65536``; a template that
+  renders no tools is measured on a text-only session, ``--text-only``).
 
     python -m bench.families [--only tiny-llama3 /models/MyModel ...] [--no-docs]
 
@@ -63,7 +64,7 @@ LABELS = {
     "tiny-gpt_oss": "gpt-oss (harmony)",
     "tiny-glm": "GLM-4.7",
     "tiny-mistral": "Mistral NeMo 2407 (Tekken)",
-    "tiny-deepseek": "DeepSeek V3.1 (its template renders no tools)",
+    "tiny-deepseek": "DeepSeek V3.1 (its template + the model card's tool prompt)",
     "tiny-nemotron3_nano": "Nemotron 3 Nano (template only: stand-in tokenizer)",
     "tiny-kimi_k2": "Kimi K2 Instruct 0905 (template only: stand-in tokenizer)",
     "tiny-gemma": "Gemma 3 (no tool support)",
@@ -80,7 +81,7 @@ class FamilyResult(BaseModel):
     sessions: list[DemoRow]
     tool_calls_scripted: int
     tool_calls_returned: int
-    render_ms_32k: float | None
+    render_ms_64k: float | None
     render_how: str
 
 
@@ -127,17 +128,21 @@ def returned_calls(session_dir: Path, scripted: int) -> int:
     return min(scripted, len(records.read_text().splitlines()) - 1)
 
 
-def render_ms(model: str) -> tuple[float | None, str]:
+def render_ms(model: str, text_only: bool) -> tuple[float | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "r.json"
         env = {**os.environ, "POLAR_BENCH_RESULTS": str(results)}
-        cmd = [sys.executable, "-m", "bench.render_scale", "--calls", "60", "--context", "32768", "--model", model]
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "bench.render_scale", "--calls", "60", "--context", "65536", "--model", model]
+        done = subprocess.run(
+            [*cmd, *(["--text-only"] if text_only else [])], env=env, cwd=ROOT, capture_output=True, text=True
+        )
         if done.returncode != 0 or not results.exists():
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
             return None, "the bench session is refused: " + last.split(": ", 1)[-1]
         figures = json.loads(results.read_text())["render_scale"]["figures"]
-        return figures["incremental_ms"], f"exponent {figures['exponent_incremental']}"
+        template = "template on new messages" if figures["template_on_new_messages_only"] else "template on all"
+        how = f"{template}, exponent {figures['exponent_incremental']}" + ("; text-only session" if text_only else "")
+        return figures["incremental_ms"], how
 
 
 def measure(model: str, out: Path) -> FamilyResult:
@@ -154,7 +159,7 @@ def measure(model: str, out: Path) -> FamilyResult:
         if NO_TOOLS not in refused:  # the demo's CLIs all send tools
             rows = asyncio.run(run_all(proxy, out, {env: instances[task] for env, task in TASKS.items()}))
     returned = sum(returned_calls(out / row.env, scripted // len(TASKS)) for row in rows)
-    ms, how = render_ms(model)
+    ms, how = render_ms(model, text_only=NO_TOOLS in refused)
     return FamilyResult(
         model=model,
         parsers=parsers or "none",
@@ -165,7 +170,7 @@ def measure(model: str, out: Path) -> FamilyResult:
         sessions=rows,
         tool_calls_scripted=scripted if rows else 0,
         tool_calls_returned=returned,
-        render_ms_32k=ms,
+        render_ms_64k=ms,
         render_how=how,
     )
 
@@ -181,7 +186,7 @@ def held(r: FamilyResult) -> bool:
 def table(results: list[FamilyResult]) -> str:
     lines = [
         "| model family | stand-in | vLLM parsers | CLI requests accepted | render = engine's | CLI sessions solved "
-        "| scripted tool calls returned | merged traces per session (breaks) | audit | render at 32k |",
+        "| scripted tool calls returned | merged traces per session (breaks) | audit | render at 64k |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -194,7 +199,7 @@ def table(results: list[FamilyResult]) -> str:
             audit = "ok" if all(s.audit_ok for s in r.sessions) else "FAILED"
         else:
             solved = returned = traces = audit = "— (no tools)"
-        ms = f"{r.render_ms_32k:.1f} ms ({r.render_how})" if r.render_ms_32k is not None else r.render_how
+        ms = f"{r.render_ms_64k:.1f} ms ({r.render_how})" if r.render_ms_64k is not None else r.render_how
         lines.append(
             f"| {LABELS.get(r.model, r.model)} | `{r.model}` | {r.parsers} | {accepted} "
             f"| {r.render_equal}/{r.accepted} | {solved} | {returned} | {traces} | {audit} | {ms} |"

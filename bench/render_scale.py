@@ -10,9 +10,11 @@ work, as in a proxy serving many sessions: the same ``--evict`` MiB are copied b
 ms per call at the last calls, and the exponent of per-call time against context length (0 = flat, 1 = linear in
 the context). The last line is the incremental render's ms per call at full size.
 
-    python -m bench.render_scale [--calls 200] [--context 65536] [--evict 64] [--model tiny-qwen3_5]
+    python -m bench.render_scale [--calls 200] [--context 65536] [--evict 64] [--model tiny-qwen3_5] [--text-only]
 
 ``--model`` takes any built model directory's name (a model family's stand-in renders with that family's template).
+``--text-only`` is the session for a template that renders no tools (Gemma 3, DeepSeek V3.1's own): per call an
+assistant text turn and a user message, no tools offered.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def text(rng: random.Random, tokens: int) -> str:
     return "\n".join(lines)
 
 
-def session(calls: int, context: int) -> Iterator[list[dict[str, Any]]]:
-    """The conversation at each call: a long system prompt, then per call a sampled turn and a tool result."""
+def session(calls: int, context: int, text_only: bool = False) -> Iterator[list[dict[str, Any]]]:
+    """The conversation at each call: a long system prompt, then per call a sampled turn and a tool result (a user
+    message where ``text_only``)."""
     rng = random.Random(0)
     step = context // calls
     messages: list[dict[str, Any]] = [
@@ -71,6 +74,10 @@ def session(calls: int, context: int) -> Iterator[list[dict[str, Any]]]:
     ]
     for i in range(calls):
         yield messages
+        if text_only:
+            messages.append({"role": "assistant", "content": text(rng, step // 4)})
+            messages.append({"role": "user", "content": text(rng, 3 * step // 4)})
+            continue
         ident = f"call{i:05d}"  # 9 letters and digits: the one id form every template takes (Mistral's no other)
         call = {"id": ident, "type": "function", "function": {"name": "bash", "arguments": '{"command":"pytest"}'}}
         messages.append({"role": "assistant", "content": text(rng, step // 4), "tool_calls": [call]})
@@ -83,7 +90,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=65536)
     parser.add_argument("--evict", type=int, default=64, help="MiB copied before each timed render")
     parser.add_argument("--model", default="tiny-qwen3", help="a model under $POLAR_CACHE/models (its template)")
+    parser.add_argument("--text-only", action="store_true", help="no tools: for a template that renders none")
     args = parser.parse_args()
+    tools = None if args.text_only else PROBE_TOOLS
     scratch, other = bytearray(args.evict << 20), bytes(args.evict << 20)
 
     def evict() -> None:
@@ -92,23 +101,25 @@ def main() -> None:
     local = LocalRenderer(cache_dir() / "models" / args.model)
     full_ids: list[array] = []
     rows: list[list[float]] = []  # [context tokens, template ms, full ms, incremental ms]
-    for messages in session(args.calls, args.context):  # the full way, as the proxy did before
+    for messages in session(args.calls, args.context, args.text_only):  # the full way, as the proxy did before
         view = [as_vllm_sees_it(m) for m in messages]  # tool-call arguments as mappings, as vLLM renders them
         evict()
         t0 = time.perf_counter()
-        local.tokenizer.apply_chat_template(view, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=False)
+        local.tokenizer.apply_chat_template(view, tools=tools, add_generation_prompt=True, tokenize=False)
         t1 = time.perf_counter()
         evict()
         t2 = time.perf_counter()
-        full = local.render_sync(messages, PROBE_TOOLS, {})
+        full = local.render_sync(messages, tools, {})
         rows.append([len(full), (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, 0.0])
         full_ids.append(array("i", full))
     cache = TokenCache()
     tails = segmented = 0
-    for i, messages in enumerate(session(args.calls, args.context)):  # the same session, the proxy's way
+    for i, messages in enumerate(
+        session(args.calls, args.context, args.text_only)
+    ):  # the same session, the proxy's way
         evict()
         t0 = time.perf_counter()
-        incremental = local.render_sync(messages, PROBE_TOOLS, {}, cache)
+        incremental = local.render_sync(messages, tools, {}, cache)
         rows[i][3] = (time.perf_counter() - t0) * 1e3
         assert array("i", incremental) == full_ids[i], f"call {i}: ids differ from the full tokenization ({cache.how})"
         tails += cache.how.startswith("tail:")
@@ -133,6 +144,7 @@ def main() -> None:
         "speedup": round(full_ms / inc_ms, 1),
         "exponent_full": round(exp_full, 2),
         "exponent_incremental": round(exp_inc, 2),
+        "template_on_new_messages_only": segmented == args.calls - 1,  # after the first; else over the whole history
     }
     which = "" if args.model == "tiny-qwen3" else f" ({args.model})"
     report(

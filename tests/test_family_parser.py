@@ -139,6 +139,19 @@ def test_a_family_sample_parses_streamed_and_whole(worker: ParserWorker, case: s
     events += stream.feed("", [tok.convert_tokens_to_ids(stop)], finished=True)  # the stop token: an id, no text
     assert _events(events) == tuple(expected)
 
+    # A consumer that falls behind the engine gets its steps merged: the same sample in deltas of three tokens and
+    # in one delta parses the same (vLLM's deepseek_v31 streaming parser lost a call that came in one piece).
+    for size in (3, len(ids) + 1):
+        merged = worker.stream(fmt, tools=TOOLS, prompt_token_ids=prompt)
+        chunks = [[*ids, tok.convert_tokens_to_ids(stop)][k : k + size] for k in range(0, len(ids) + 1, size)]
+        events, done = [], 0
+        for k, chunk in enumerate(chunks):
+            text = tok.decode(ids[: done + len(chunk)], skip_special_tokens=merged.skip_special_tokens)
+            prefix = tok.decode(ids[:done], skip_special_tokens=merged.skip_special_tokens)
+            events += merged.feed(text[len(prefix) :], chunk, finished=k == len(chunks) - 1)
+            done += len(chunk)
+        assert _events(events) == tuple(expected), f"in deltas of {size} tokens"
+
     # Mistral's calls carry the model's own ids, which vLLM's parser drops (it mints random ones): read from the text.
     assert sampled_call_ids(tool_parser, seen) == (["abc123DEF", "Zz9Yy8Xx7"] if tool_parser == "mistral" else [])
 

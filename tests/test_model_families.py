@@ -39,9 +39,10 @@ TRAITS = {  # in the order the replays run: tiny-llama3 last, for the tests afte
     "tiny-glm": TemplateTraits(),
     "tiny-gemma": TemplateTraits(merge_leading=True, later_as_user=True, renders_tools=False, join_users=True),
     # Mistral NeMo's refuses any system message but the first, two user messages in a row, and call ids that are not
-    # 9 characters; DeepSeek V3.1's moves every system message to the top and renders no tools.
+    # 9 characters; DeepSeek V3.1's moves every system message to the top (its tools: the project's tool template,
+    # nemo_polar/engine/deepseek_v31_tools.jinja, with the model card's tool prompt).
     "tiny-mistral": TemplateTraits(merge_leading=True, later_as_user=True, join_users=True, call_ids="alnum9"),
-    "tiny-deepseek": TemplateTraits(later_as_user=True, renders_tools=False),
+    "tiny-deepseek": TemplateTraits(later_as_user=True),
     # Template only: the family's template and parsers over a stand-in tokenizer carrying its special tokens.
     "tiny-nemotron3_nano": TemplateTraits(),
     # Kimi K2's takes any id, but its parser only functions.NAME:INDEX (the form its tool_call_parser names).
@@ -298,6 +299,54 @@ def test_tool_call_arguments_reach_the_template_as_vllm_hands_them() -> None:
     assert [list(c["function"]) for c in seen["tool_calls"]] == [["arguments", "name"]] * 3
     assert [c["function"]["arguments"] for c in seen["tool_calls"]] == [{"command": "ls"}, {}, {}]
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"command": "ls"}'  # the caller's message untouched
+
+
+def test_the_deepseek_tool_template_renders_what_v31s_own_does_and_the_model_cards_tools() -> None:
+    """The project's DeepSeek V3.1 tool template renders every conversation V3.1's own template renders exactly as
+    it does (system messages gathered, reasoning cut from earlier answers, no generation prompt after a tool
+    output), adds the model card's tool prompt to the system prompt, and takes arguments as vLLM hands them."""
+    from transformers import AutoTokenizer
+
+    from nemo_polar.paths import cache_dir
+
+    directory = cache_dir() / "models" / "tiny-deepseek"
+    tok = AutoTokenizer.from_pretrained(directory)
+    own = json.loads((directory / "tokenizer_config.json").read_text())["chat_template"]
+    ours = (directory / "chat_template.jinja").read_text()
+    assert (
+        "tools" not in own
+        and ours == (Path(__file__).parents[1] / "nemo_polar/engine/deepseek_v31_tools.jinja").read_text()
+    )
+
+    def call(name: str, arguments: Any) -> dict[str, Any]:
+        return {"id": name, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+    system, user = {"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "list"}
+    calls = {"role": "assistant", "content": "", "tool_calls": [call("bash", '{"c": 1}'), call("ls", "{}")]}
+    said = {"role": "assistant", "content": "Let me look.", "tool_calls": [call("bash", '{"c": 1}')]}
+    result = {"role": "tool", "tool_call_id": "bash", "content": "README.md"}
+    answer = {"role": "assistant", "content": "thought</think>Two files."}
+    conversations = [
+        [user],
+        [system, user, answer, user],
+        [system, {"role": "system", "content": "Be brief."}, user, calls, result, result, answer, user],
+        [user, said, result, calls, result, answer],
+        [system, user, {"role": "assistant", "content": "Let", "prefix": True}],
+    ]
+    for messages in conversations:
+        for prompt in (True, False):
+            for thinking in (True, False):
+                kwargs = {"add_generation_prompt": prompt, "thinking": thinking, "tokenize": False}
+                assert tok.apply_chat_template(messages, chat_template=ours, **kwargs) == tok.apply_chat_template(
+                    messages, chat_template=own, **kwargs
+                ), (messages, prompt, thinking)
+    with_tools = tok.apply_chat_template([system, user], tools=[BASH], chat_template=ours, tokenize=False)
+    assert with_tools.startswith("<｜begin▁of▁sentence｜>You are a coding agent.\n\n## Tools\n")
+    assert '### bash\nDescription: Run a command.\n\nParameters: {"type": "object"' in with_tools
+    mapped = [user, {"role": "assistant", "content": None, "tool_calls": [call("bash", {"command": "ls"})]}]
+    assert '<｜tool▁sep｜>{"command": "ls"}<｜tool▁call▁end｜>' in tok.apply_chat_template(
+        mapped, chat_template=ours, tokenize=False
+    )
 
 
 @pytest.mark.parametrize("model", list(PARSERS))
@@ -645,12 +694,13 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
     assert rec2["prompt_token_ids"][: len(parent)] == parent
 
 
-@pytest.mark.parametrize("family", ["tiny-kimi_k2"], indirect=True)  # with the family's replays: one engine start
-def test_a_kimi_call_carries_the_id_form_its_parser_reads(family: Served) -> None:
-    """Kimi K2's template writes a call's id as it is given, and vLLM's kimi_k2 parser drops a call whose id is not
-    ``functions.NAME:INDEX``: the scripted call is written with such an id and comes back as a tool call; the record
-    keeps the model's id beside the harness's, and the tool result answers the call by the model's id."""
+def _a_scripted_call_and_its_answer(family: Served) -> tuple[str, dict[str, Any], dict[str, Any], Any]:
+    """A scripted bash call, its result, a scripted answer, through the OpenAI SDK: the call's id as the harness got
+    it, both records (the second checked to continue the first's ids) and the family's tokenizer."""
     import openai
+    from transformers import AutoTokenizer
+
+    from nemo_polar.paths import cache_dir
 
     proxy = family.proxy
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, "Two files."]
@@ -669,17 +719,37 @@ def test_a_kimi_call_carries_the_id_form_its_parser_reads(family: Served) -> Non
     assert r2.choices[0].message.content == "Two files."
 
     rec1, rec2 = proxy.records(session["session_id"])
-    [recorded] = rec1["output"]["tool_calls"]
-    assert recorded["template_id"] == "functions.bash:0" and recorded["id"] == call.id
     assert rec2["render_reason"] == "continuation" and rec2["parent_call_id"] == rec1["call_id"]
     parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
     assert rec2["prompt_token_ids"][: len(parent)] == parent
-    from transformers import AutoTokenizer
+    return call.id, rec1, rec2, AutoTokenizer.from_pretrained(cache_dir() / "models" / family.model)
 
-    from nemo_polar.paths import cache_dir
 
-    tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "tiny-kimi_k2")
+@pytest.mark.parametrize("family", ["tiny-kimi_k2"], indirect=True)  # with the family's replays: one engine start
+def test_a_kimi_call_carries_the_id_form_its_parser_reads(family: Served) -> None:
+    """Kimi K2's template writes a call's id as it is given, and vLLM's kimi_k2 parser drops a call whose id is not
+    ``functions.NAME:INDEX``: the scripted call is written with such an id and comes back as a tool call; the record
+    keeps the model's id beside the harness's, and the tool result answers the call by the model's id."""
+    call_id, rec1, rec2, tok = _a_scripted_call_and_its_answer(family)
+    [recorded] = rec1["output"]["tool_calls"]
+    assert recorded["template_id"] == "functions.bash:0" and recorded["id"] == call_id
+    parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
     assert "## Return of functions.bash:0\nREADME.md" in tok.decode(rec2["prompt_token_ids"][len(parent) :])
+
+
+@pytest.mark.parametrize("family", ["tiny-deepseek"], indirect=True)  # with the family's replays: one engine start
+def test_a_deepseek_call_is_read_by_vllms_parser_and_the_next_call_continues_it(family: Served) -> None:
+    """DeepSeek V3.1 behind the project's tool template: the model is shown the tools in the model card's prompt,
+    a scripted call written in V3.1's format comes back through vLLM's deepseek_v31 parser as a tool call, and the
+    next call (after a tool output: no generation prompt) continues the sampled ids."""
+    _, rec1, rec2, tok = _a_scripted_call_and_its_answer(family)
+    parent = rec1["prompt_token_ids"] + rec1["sampled_token_ids"]
+    assert "## Tools\nYou have access to the following tools:\n\n### bash\n" in tok.decode(rec1["prompt_token_ids"])
+    assert "<｜tool▁call▁begin｜>bash<｜tool▁sep｜>" in tok.decode(rec1["sampled_token_ids"])
+    assert (
+        tok.decode(rec2["prompt_token_ids"][len(parent) :])
+        == "<｜tool▁output▁begin｜>README.md\nhello.py<｜tool▁output▁end｜>"
+    )
 
 
 def test_a_non_streamed_llama3_json_call_is_parsed_whole(serve: OneFamilyAtATime) -> None:

