@@ -20,7 +20,7 @@ the family's own tool-call and reasoning parsers; nemo_polar/engine/build_models
 ``--only`` also takes your own model's directory (the engine serves it with its polar-family.json's parsers, else
 hermes; pass a small one: the CLI sessions run on it).
 
-About 4 minutes per family on 2 cores. The last line is the number of families where everything held.
+About 2.5 minutes per family on 2 cores. The last line is the number of families where everything held.
 """
 
 from __future__ import annotations
