@@ -100,13 +100,23 @@ docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
 
 # The setup steps side by side where they do not depend on each other (each waits for what it needs), then lint and
-# the docs, then the suite; the thirty slowest tests close the log: where CI's 90 minutes go.
+# the docs, then the suite: every claim proved once, on the representative cells of each matrix (-m "not full";
+# docs/testing.md), within 40 of CI's 90 minutes. The time per module closes the log; per test and per fixture, and
+# Gym-style junit XML, are in $(TEST_LOG).
+TEST_LOG ?= $(POLAR_CACHE)/logs/test
 test:
 	@$(MAKE) --no-print-directory -j4 setup
 	@$(MAKE) --no-print-directory lint
-	$(BIN)/pytest -q --durations=30
+	POLAR_TEST_LOG=$(TEST_LOG) $(BIN)/pytest -q -m "not full" --durations=30 --junitxml=$(TEST_LOG)/junit.xml
 
-# The same suite beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).
+# The exhaustive matrices make test samples (-m full): every fixture request sampled on every family, every CLI behind
+# every front-end and runtime. Exits non-zero on any failure; run it before resolving an issue that touches a family,
+# a harness, a dialect or a front-end (docs/testing.md). make test and make test-full together are the whole suite.
+.PHONY: test-full
+test-full: setup
+	POLAR_TEST_LOG=$(TEST_LOG)-full $(BIN)/pytest -q -m full --durations=30 --junitxml=$(TEST_LOG)-full/junit.xml
+
+# The make test lane beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).
 .PHONY: test-loaded
 test-loaded: setup lint
 	bash scripts/test_loaded.sh $(PYTEST_ARGS)

@@ -112,6 +112,8 @@ def summarise(env: PolarEnv, group: Group, wall_s: float) -> DemoRow:
 
 
 async def run_all(proxy: ProxyClient, out: Path, instances: dict[str, SWEInstance]) -> list[DemoRow]:
+    """Each environment's task, all at once, in the order of ``instances``."""
+
     async def one(name: str) -> DemoRow:
         config = PolarEnvConfig(
             env=name,
@@ -125,7 +127,7 @@ async def run_all(proxy: ProxyClient, out: Path, instances: dict[str, SWEInstanc
         [group] = await env.acollect([instances[name]], 1)
         return summarise(env, group, time.monotonic() - t0)
 
-    return list(await asyncio.gather(*(one(name) for name in ENVIRONMENTS)))
+    return list(await asyncio.gather(*(one(name) for name in instances)))
 
 
 def table(rows: list[DemoRow]) -> Table:
@@ -154,12 +156,20 @@ def table(rows: list[DemoRow]) -> Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the real CLIs on bundled tasks through the proxy, graded")
     parser.add_argument("--model", default="tiny-qwen3", help="a model `polar engine up` knows, or a model directory")
+    parser.add_argument(
+        "--env",
+        action="append",
+        choices=list(ENVIRONMENTS),
+        metavar="polar_<cli>",
+        help="run only this environment (repeatable); default: every one",
+    )
     args = parser.parse_args(argv)
+    envs = [env for env in ENVIRONMENTS if env in (args.env or ENVIRONMENTS)]
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # tokenizers only here: no "PyTorch was not found"
     console = Console(width=None if sys.stdout.isatty() else 150)
     out = Path(os.environ.get("POLAR_DEMO_OUT") or tempfile.mkdtemp(prefix="polar-demo-"))
     by_id = {i.instance_id: i for i in bundled_instances()}
-    instances = {env: by_id[TASKS[env]] for env in ENVIRONMENTS}
+    instances = {env: by_id[TASKS[env]] for env in envs}
     console.print(
         "[bold]scripted policy[/bold]: the embedded CPU model cannot drive a coding CLI on its own, so each CLI's "
         "model turns are held to the task's script, written by the model's own chat template. The CLIs, their tools, "
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table(rows))
     from nemo_polar.view.report import write_report
 
-    report = write_report([out / env for env in ENVIRONMENTS], out / "report.html", tokenizer)
+    report = write_report([out / env for env in envs], out / "report.html", tokenizer)
     console.print(f"report  {report}")
     console.print(f"runs    {out}  (per CLI: sessions with records.jsonl, patch.diff, grade, transcript)")
     ok = all(r.reward == 1.0 and r.audit_ok and r.breaks == 0 for r in rows)

@@ -39,6 +39,12 @@ def _start_engine(model: str) -> Iterator[str]:
         engine.stop()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.helpers.durations import Durations
+
+    config.pluginmanager.register(Durations(), "polar-durations")
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -123,6 +129,18 @@ def proxy(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     for handle in make_proxy(engine_url, tmp_path_factory.mktemp("records")):
         handle.wait_for_local_renderer()
         yield handle
+
+
+@pytest.fixture(scope="session")
+def scripted_sessions(
+    request: pytest.FixtureRequest, proxy: ProxyHandle, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """Each harness's scripted session, run once for every test that reads it (tests/helpers/sessions.py)."""
+    from tests.helpers.sessions import ScriptedSessions, harnesses_read
+
+    sessions = ScriptedSessions(proxy, tmp_path_factory.mktemp("scripted"), harnesses_read(request.session))
+    yield sessions
+    sessions.ahead.close()
 
 
 def load_fixture(harness: str, name: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.proxy.serve import BackgroundServer as Server
 from tests.conftest import ProxyHandle, free_port, make_proxy
+from tests.helpers.clients import anthropic_client, openai_client
 
 CHAT = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -113,7 +114,7 @@ def test_unknown_key_is_401_and_creates_nothing(proxy: ProxyHandle) -> None:
     assert post(proxy, None, "/v1/chat/completions", CHAT).status_code == 401
     assert len(proxy.apps.proxy.sessions) == before
     with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=proxy.url, api_key="nope", max_retries=0).messages.create(
+        anthropic_client(proxy, "nope").messages.create(
             model="local-model", max_tokens=4, messages=[{"role": "user", "content": "x"}]
         )
 
@@ -129,12 +130,12 @@ def test_closed_session_rejects_calls(proxy: ProxyHandle) -> None:
 
 def test_sdk_sees_typed_errors(proxy: ProxyHandle) -> None:
     session = proxy.session()
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.responses.create(model="local-model", input="x", max_output_tokens=10_000_000)
-    aclient = anthropic.Anthropic(base_url=proxy.url, api_key=session["api_key"], max_retries=0)
+    aclient = anthropic_client(proxy, session["api_key"])
     with pytest.raises(anthropic.BadRequestError):
         aclient.messages.create(model="local-model", max_tokens=4, messages=[])
 
@@ -241,7 +242,7 @@ def test_engine_5xx_is_502_and_recorded(faulty: ProxyHandle) -> None:
 @pytest.mark.parametrize("stream", [True, False])
 def test_engine_dying_mid_stream(faulty: ProxyHandle, stream: bool) -> None:
     session = faulty.session()
-    client = openai.OpenAI(base_url=f"{faulty.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(faulty, session["api_key"])
     with pytest.raises(openai.APIError):
         if stream:
             for _ in client.chat.completions.create(**{**CHAT, "stream": True}):
@@ -265,7 +266,7 @@ def test_keepalives_while_the_engine_is_silent(faulty: ProxyHandle) -> None:
         raw = "".join(resp.iter_text())
     assert raw.count("event: ping") >= 2
     assert raw.index("event: message_start") < raw.index("event: ping") < raw.index("event: message_stop")
-    client = anthropic.Anthropic(base_url=faulty.url, api_key=session["api_key"], max_retries=0)
+    client = anthropic_client(faulty, session["api_key"])
     with client.messages.stream(model="local-model", max_tokens=5, messages=body["messages"]) as s:
         assert s.get_final_text() == "Hello"
 
@@ -287,7 +288,7 @@ def test_openai_keepalives_are_sse_comments(faulty: ProxyHandle) -> None:
     with httpx.stream("POST", f"{faulty.url}/v1/chat/completions", json=body, headers=headers, timeout=30) as resp:
         raw = "".join(resp.iter_text())
     assert ": keep-alive\n\n" in raw and raw.rstrip().endswith("data: [DONE]")
-    client = openai.OpenAI(base_url=f"{faulty.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(faulty, session["api_key"])
     chunks = list(client.chat.completions.create(**body))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
 

@@ -13,12 +13,11 @@ import json
 import re
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from tests.conftest import ProxyHandle
+from tests.helpers.clients import anthropic_client, openai_client
 
 EOT = 151645
 REASONING = "Let me look."
@@ -63,7 +62,7 @@ def assert_extends(parent: dict[str, Any], child: dict[str, Any]) -> list[int]:
 
 def test_chat_two_calls_token_exact(proxy: ProxyHandle, engine_url: str) -> None:
     session = proxy.session(**forced(FORCED))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "list files"}]
     first = client.chat.completions.create(model="local-model", messages=history, tools=TOOLS)
     msg = first.choices[0].message
@@ -120,7 +119,7 @@ def test_chat_two_calls_token_exact(proxy: ProxyHandle, engine_url: str) -> None
 
 def test_chat_streaming_tool_call_and_reasoning(proxy: ProxyHandle) -> None:
     session = proxy.session(**forced(FORCED))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     reasoning, calls, finish = "", [], None
     for chunk in client.chat.completions.create(
         model="local-model", messages=[{"role": "user", "content": "hi"}], tools=TOOLS, stream=True
@@ -136,7 +135,7 @@ def test_chat_streaming_tool_call_and_reasoning(proxy: ProxyHandle) -> None:
 
 def test_responses_round_trip_codex_style(proxy: ProxyHandle) -> None:
     session = proxy.session(**forced(FORCED))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     tools = [
         {"type": "function", "name": "bash", "description": "run", "parameters": TOOLS[0]["function"]["parameters"]}
     ]
@@ -211,7 +210,7 @@ def test_responses_namespace_tool_calls_and_agent_messages(proxy: ProxyHandle, e
 
 def test_anthropic_round_trip_claude_style(proxy: ProxyHandle) -> None:
     session = proxy.session(**forced(FORCED))
-    client = anthropic.Anthropic(base_url=proxy.url, api_key=session["api_key"], max_retries=0)
+    client = anthropic_client(proxy, session["api_key"])
     tools = [{"name": "bash", "description": "run", "input_schema": TOOLS[0]["function"]["parameters"]}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "list files"}]}]
     with client.beta.messages.stream(
@@ -250,7 +249,7 @@ def test_anthropic_round_trip_claude_style(proxy: ProxyHandle) -> None:
 def test_text_reply_echo_continues(proxy: ProxyHandle) -> None:
     """A text-only reply (no ids to echo) is recognised by its exact text."""
     session = proxy.session(**forced("Hello there."))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     history = [{"role": "user", "content": "hi"}]
     reply = client.chat.completions.create(model="local-model", messages=history).choices[0].message.content
     assert reply == "Hello there."
@@ -262,7 +261,7 @@ def test_text_reply_echo_continues(proxy: ProxyHandle) -> None:
 
 def test_fresh_render_reasons(proxy: ProxyHandle) -> None:
     session = proxy.session(**forced("Hello there."))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
     client.chat.completions.create(model="local-model", messages=base)
     # edited history: the earlier user turn changed
@@ -291,7 +290,7 @@ def test_fresh_render_reasons(proxy: ProxyHandle) -> None:
 @pytest.mark.parametrize("mode", ["chat", "chat_prefix"])
 def test_chat_modes_record_engine_prompt(proxy: ProxyHandle, engine_url: str, mode: str) -> None:
     session = proxy.session(mode=mode, **forced("Hello there."))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     history = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="local-model", messages=history)
     history += [{"role": "assistant", "content": "Hello there."}, {"role": "user", "content": "more"}]
@@ -354,7 +353,7 @@ def test_custom_tool_round_trip_codex_apply_patch(proxy: ProxyHandle) -> None:
     patch = "*** Begin Patch\n*** End Patch"
     sampled = f'<tool_call>\n{{"name": "apply_patch", "arguments": {json.dumps({"input": patch})}}}\n</tool_call>'
     session = proxy.session(**forced(sampled))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     tools = [
         {
             "type": "custom",
@@ -379,7 +378,7 @@ def test_custom_tool_round_trip_codex_apply_patch(proxy: ProxyHandle) -> None:
 def test_qwen3_coder_tool_call_from_the_engine(proxy: ProxyHandle) -> None:
     sampled = "<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>"
     session = proxy.session(**forced(sampled))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     reply = client.chat.completions.create(
         model="local-model", messages=[{"role": "user", "content": "x"}], tools=TOOLS
     )
@@ -394,7 +393,7 @@ def test_end_of_turn_spelled_in_sampled_text_renders_afresh(proxy: ProxyHandle, 
     is the engine's own render of the history. Without the guard the cut lands inside the parent's turn."""
     text = "Close a turn with <|im_end|> and go on."
     session = proxy.session(**forced(text))
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     history: list[dict[str, Any]] = [{"role": "user", "content": "how do turns end?"}]
     reply = client.chat.completions.create(model="local-model", messages=history).choices[0].message.content
     assert reply == text

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 from pydantic import Field
 
@@ -29,6 +28,7 @@ from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ENV_HARNESSES, ProxyHandle, make_proxy
+from tests.helpers.clients import openai_client
 
 VERSION = 3  # the proxy's policy version; the probe tries to re-stamp 999
 
@@ -109,7 +109,7 @@ def guarded(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def victim(guarded: ProxyHandle) -> dict[str, str]:
     """Another session with one real recorded call: the probe must not read, close or change it."""
     session = guarded.session(sampling_overrides={"max_tokens": 4})
-    client = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key=session["api_key"], max_retries=0, timeout=120)
+    client = openai_client(guarded, session["api_key"], timeout=120)
     client.chat.completions.create(model="local-model", messages=[{"role": "user", "content": "hi"}])
     return session
 
@@ -169,7 +169,7 @@ def test_an_agent_cannot_reach_the_control_plane_through_the_relay(
     assert {r.policy_version for r in result.records if r.complete} == {VERSION}
     assert all(r.policy_version in (None, VERSION) for r in result.records)  # failed before admission: unstamped
     assert guarded.records(victim["session_id"]) == victim_records
-    client = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key=victim["api_key"], max_retries=0, timeout=120)
+    client = openai_client(guarded, victim["api_key"], timeout=120)
     client.models.list()  # the victim's key still works: its session was not closed
 
 

@@ -1,5 +1,6 @@
-"""``make demo`` on the shared engine: the four real CLIs each solve a bundled task through the proxy, every session
-is graded 1.0, merges into one audited main chain with zero breaks, and the HTML report is written."""
+"""``make demo`` on the shared engine: the real CLIs each solve a bundled task through the proxy, every session is
+graded 1.0, merges into one audited main chain with zero breaks, and the HTML report is written. One CLI per dialect
+in ``make test``; every CLI in ``make test-full``."""
 
 from __future__ import annotations
 
@@ -9,34 +10,25 @@ import pytest
 
 from nemo_polar import demo
 from nemo_polar.env.gym import ENVIRONMENTS
-from tests.conftest import ENV_HARNESSES
+from tests.helpers.demo import DIALECT_ENVS, run_demo
+from tests.helpers.lanes import lane
 
 pytestmark = pytest.mark.engine
 
 
-def test_demo_runs_the_whole_loop_for_all_four_clis(
-    engine_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("envs", lane(["dialects", "all"], ["dialects"]))
+def test_demo_runs_the_whole_loop(
+    engine_url: str,
+    envs: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    run_demo(engine_url, tmp_path, monkeypatch, capsys)
+    run_demo(engine_url, tmp_path, monkeypatch, capsys, DIALECT_ENVS if envs == "dialects" else None)
 
 
-def run_demo(
-    engine_url: str, out_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``make demo`` against a running engine: four sessions solved, each one audited main chain, the report."""
-    monkeypatch.setenv("POLAR_DEMO_ENGINE_URL", engine_url)
-    monkeypatch.setenv("POLAR_DEMO_OUT", str(out_dir))
-    assert demo.main([]) == 0
-    out = capsys.readouterr().out
-    assert "scripted policy" in out and f"report  {out_dir / 'report.html'}" in out
-    for env in ENVIRONMENTS:
-        [outcome] = (out_dir / env).glob("*/outcome.json")
-        assert '"reward": 1.0' in outcome.read_text()
-    for harness in ENV_HARNESSES:
-        row = next(line for line in out.splitlines() if line.startswith(f"│ {harness} "))
-        cells = [c.strip() for c in row.strip("│").split("│")]
-        assert (
-            cells[2] == "completed" and cells[4] == "1" and cells[7] == "0" and cells[8] == "ok" and cells[9] == "1.0"
-        )
-    html = (out_dir / "report.html").read_text()
-    assert html.count('class="session"') == len(ENVIRONMENTS)
+def test_every_environment_has_a_demo_task_and_a_bad_env_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(demo.TASKS) == set(ENVIRONMENTS)
+    with pytest.raises(SystemExit):
+        demo.main(["--env", "polar_cursor"])
+    assert "invalid choice: 'polar_cursor'" in capsys.readouterr().err

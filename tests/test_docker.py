@@ -20,7 +20,8 @@ from nemo_polar.sandbox import RuntimeUnavailable, get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT, PROXY_UNREACHABLE
 from nemo_polar.sandbox.docker import LABEL, DockerRuntime, docker_client
 from tests.conftest import ENV_HARNESSES, ProxyHandle
-from tests.test_harness import EXPECTED_PATCH, check_egress_audit, make_spec, requests_text, run
+from tests.helpers.lanes import DIALECT_HARNESSES, lane
+from tests.helpers.sessions import EXPECTED_PATCH, check_egress_audit, make_spec, requests_text, run
 
 pytestmark = pytest.mark.engine
 HEALTH = f"exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT}; printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; head -1 <&3"
@@ -31,7 +32,7 @@ def containers_for(run_dir: Path) -> list[object]:
     return docker_client().containers.list(all=True, filters={"label": f"{LABEL}.run_dir={run_dir}"})
 
 
-@pytest.mark.parametrize("harness", ENV_HARNESSES)
+@pytest.mark.parametrize("harness", lane(ENV_HARNESSES, DIALECT_HARNESSES.values()))
 def test_scripted_session_in_docker(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
     result = run(proxy, harness, tmp_path, runtime="docker")
     assert result.status == "completed", result.error

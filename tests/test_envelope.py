@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.envelope import TrainingTraces, training_traces
-from tests.test_reconstruct import EOT, child, rec, subagent_and_compaction
+from tests.helpers.records import EOT, child, rec, subagent_and_compaction
 
 
 @pytest.mark.parametrize("builder", ["prefix_merging", "per_request"])

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import httpx
 import pytest
@@ -24,22 +23,19 @@ pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
 from fastapi.testclient import TestClient
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.openai_utils import NeMoGymResponseOutputMessageForTraining
-from nemo_gym.server_utils import ServerClient
 
 from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
-from nemo_polar.env.gym.agent import PolarAgent, PolarAgentConfig
+from nemo_polar.env.gym.agent import PolarAgentConfig
 from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, instance_from_row
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
+from tests.helpers.demo import DIALECT_ENVS
+from tests.helpers.gym import make_agent
+from tests.helpers.lanes import lane
 
 UNREACHABLE_ENGINE = "http://127.0.0.1:9/v1"  # discard port: nothing listens
-
-
-def make_agent(env: str = "polar_pi", **config: Any) -> PolarAgent:
-    cfg = PolarAgentConfig(host="127.0.0.1", port=0, entrypoint="app.py", name=agent_name(env), env=env, **config)
-    return PolarAgent(config=cfg, server_client=MagicMock(spec=ServerClient))
 
 
 @pytest.fixture
@@ -369,11 +365,19 @@ SOLVED = [
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize(("env", "instance_id", "shape"), [(*s, SHAPES[n % 3]) for n, s in enumerate(SOLVED)])
+@pytest.mark.parametrize(
+    ("env", "instance_id", "shape"),
+    lane(
+        [(*s, SHAPES[n % 3]) for n, s in enumerate(SOLVED)],
+        [(*s, SHAPES[n % 3]) for n, s in enumerate(SOLVED) if s[0] in DIALECT_ENVS],
+        ids=lambda c: "-".join(c),
+    ),
+)
 def test_run_solves_a_bundled_task_and_returns_a_trainable_sample(
     records_proxy: ProxyHandle, env: str, instance_id: str, shape: Shape, tmp_path: Path
 ) -> None:
-    """Each harness on a bundled task, the row in one of Gym's shapes (ours, swe_agents', anyswe's) in turn."""
+    """Each harness on a bundled task, the row in one of Gym's shapes (ours, swe_agents', anyswe's) in turn: one
+    harness per dialect in make test (each shape among them), every harness in make test-full."""
     result = _run(records_proxy, env, row_for(env, instance_id, shape), tmp_path)
     assert result["session_status"] == "completed" and result["grade_status"] == "resolved", result
     assert (result["reward"], result["mask_sample"], result["failure_kind"]) == (1.0, False, None)

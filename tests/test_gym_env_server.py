@@ -33,7 +33,7 @@ from nemo_polar.env.gym.rows import example_row
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle
-from tests.test_gym import make_agent
+from tests.helpers.gym import episode_request, make_agent
 
 INSTANCE = next(i for i in bundled_instances() if i.instance_id == "polar__textstats-1")
 NATIVE = "polar_pi_native"
@@ -44,15 +44,6 @@ def make_server(env: str = "polar_pi", **config: Any) -> PolarEnvironmentServer:
         host="127.0.0.1", port=0, entrypoint="app.py", name=f"{env}_native", env=env, **config
     )
     return PolarEnvironmentServer(config=cfg, server_client=MagicMock(spec=ServerClient))
-
-
-def episode_request(row: dict[str, Any], rollout_id: str = "r1", attempt: int = 0) -> dict[str, Any]:
-    """What Gym's rollout collection posts for a materialized task: its own ``_episode_request_body``."""
-    from nemo_gym.rollout_collection import _episode_request_body
-
-    task_id = {"taskset": "polar_pi", "task_id": row.get("instance_id", "t")}
-    task = {"task_id": task_id, "task_input": row, "_ng_rollout_id": rollout_id, "_ng_attempt_index": attempt}
-    return _episode_request_body(task)
 
 
 def proxy_config(proxy: ProxyHandle, tmp_path: Path) -> dict[str, Any]:

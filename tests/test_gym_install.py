@@ -315,7 +315,7 @@ def test_gym_builds_the_native_environment_servers_venv_and_it_runs_an_episode(
     nemo_gym = pytest.importorskip("nemo_gym", reason="nemo-gym is not installed (make gym)")
     from nemo_polar.env.gym.rows import example_row
     from nemo_polar.rewards import bundled_instances
-    from tests.test_gym_env_server import episode_request
+    from tests.helpers.gym import episode_request
 
     port = free_port()
     initial = gym_initial_config(engine_url, port, tmp_path)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
-from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.env.script import Final, Shell
+from nemo_polar.env.session import run_session
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
@@ -28,73 +28,27 @@ from nemo_polar.reconstruct.recompute import recompute_logprobs
 from nemo_polar.sandbox import SandboxSpec, get_runtime
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ENV_HARNESSES, ProxyHandle
+from tests.helpers.sessions import (
+    EXPECTED_PATCH,
+    SCRIPT,
+    TASK_FILE,
+    TASK_REPO,
+    ScriptedSessions,
+    check_egress_audit,
+    make_spec,
+    requests_text,
+    run,
+    task,
+)
 
 pytestmark = pytest.mark.engine
-TASK_FILE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_add" / "task.yaml"
-TASK_REPO = TASK_FILE.parent / "repo"
-CHECK = "python3 -c 'import calc; print(\"sum\", calc.add(2, 3))'"
-SCRIPT = [
-    Shell(command="ls"),
-    ReadFile(path="calc.py"),
-    EditFile(path="calc.py", old="    return a - b", new="    return a + b"),
-    Shell(command=CHECK),
-    Final(text="Fixed add in calc.py."),
-]
-EXPECTED_PATCH = "-    return a - b\n+    return a + b\n"
-
-
-def task() -> Task:
-    return Task(instance_id="calc-1", problem_statement="Fix add in calc.py so that the tests pass.", repo=TASK_REPO)
-
-
-def run(proxy: ProxyHandle, harness: str, tmp_path: Path, runtime: str = "bwrap", **kw: object) -> SessionResult:
-    return run_session(
-        get_harness(harness),
-        task(),
-        get_runtime(runtime),
-        proxy.client(),
-        tmp_path / "session",
-        script=kw.pop("script", SCRIPT),  # type: ignore[arg-type]
-        timeout=kw.pop("timeout", 300),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def make_spec(tmp_path: Path, proxy_url: str) -> SandboxSpec:
-    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", run_dir=tmp_path / "run", proxy_url=proxy_url)
-    for d in (spec.workspace, spec.home, spec.run_dir):
-        d.mkdir()
-    return spec
-
-
-def check_egress_audit(runtime: str, proxy_url: str, tmp_path: Path) -> None:
-    """Name lookups from inside, a client's own and one under an HTTPS request, are refused and recorded; no proxy
-    variable names another route."""
-    probe = (
-        "import os, socket, urllib.request\n"
-        "print('proxy variables', sorted(k for k in os.environ if k.lower().endswith('_proxy')))\n"
-        "try:\n    socket.getaddrinfo('egress-probe.invalid', 443)\nexcept OSError as e:\n    print('dns', e)\n"
-        "try:\n    urllib.request.urlopen('https://api.example.com/x', timeout=5)\nexcept OSError as e:\n"
-        "    print('http', e)\n"
-    )
-    with get_runtime(runtime) as rt:
-        rt.start(make_spec(tmp_path, proxy_url))
-        done = rt.exec(["python3", "-c", probe], {}, cwd=None, timeout=60, log_prefix=tmp_path / "probe")
-        attempts = rt.egress_attempts()
-    out = done.stdout.read_text()
-    assert done.returncode == 0, done.stderr.read_text()
-    assert "proxy variables []" in out
-    assert "dns" in out and "http" in out  # both refused
-    assert {("dns", "egress-probe.invalid"), ("dns", "api.example.com")} <= {(a.kind, a.target) for a in attempts}
-
-
-def requests_text(result: SessionResult, index: int) -> str:
-    return json.dumps(result.records[index].request)
 
 
 @pytest.mark.parametrize("harness", ENV_HARNESSES)
-def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: str, tmp_path: Path) -> None:
-    result = run(proxy, harness, tmp_path)
+def test_scripted_session_in_bwrap(scripted_sessions: ScriptedSessions, model_dir: str, harness: str) -> None:
+    """Every CLI's session end to end: sandbox, proxy, records, patch, reconstruction, audit, exports, recomputed
+    logprobs. The session is the one the other front-end tests read (``scripted_sessions``)."""
+    result, session_dir = scripted_sessions(harness)
     assert result.status == "completed", result.error
     assert result.exit_code == 0
     assert result.egress == []  # nothing but the proxy was attempted
@@ -112,7 +66,7 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: 
     # The patch is the edit, nothing from the harness's home or caches.
     assert EXPECTED_PATCH in result.patch
     assert "calc.py" in result.patch and "__pycache__" not in result.patch
-    assert (tmp_path / "session" / "patch.diff").read_text() == result.patch
+    assert (session_dir / "patch.diff").read_text() == result.patch
 
     # One main chain, no breaks, and the audit proves every stitched context.
     built = prefix_merging(recs)
@@ -141,9 +95,9 @@ def test_scripted_session_in_bwrap(proxy: ProxyHandle, model_dir: str, harness: 
     assert drift["tokens"] == main[0].trainable_tokens
     assert drift["mean_abs_logprob_delta"] < 0.05 and drift["kl_k3"] < 0.01, drift
 
-    saved = json.loads((tmp_path / "session" / "session.json").read_text())
+    saved = json.loads((session_dir / "session.json").read_text())
     assert saved["status"] == "completed" and saved["harness"] == harness
-    disk = [json.loads(line) for line in (tmp_path / "session" / "records.jsonl").read_text().splitlines()]
+    disk = [json.loads(line) for line in (session_dir / "records.jsonl").read_text().splitlines()]
     assert [r["call_id"] for r in disk] == [r.call_id for r in recs]
 
 
@@ -218,7 +172,7 @@ def test_unreachable_proxy_fails_fast(tmp_path: Path) -> None:
 
 def test_missing_cli_and_runtime_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from nemo_polar.env.harness import HarnessMissing
-    from nemo_polar.sandbox import RuntimeUnavailable, SandboxSpec
+    from nemo_polar.sandbox import RuntimeUnavailable
 
     monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(HarnessMissing, match="make setup"):

@@ -27,6 +27,7 @@ from nemo_polar.proxy.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
 from nemo_polar.proxy.records import STAGES
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle, make_proxy
+from tests.helpers.clients import openai_client
 
 HOLD_S = 0.6
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -64,7 +65,7 @@ def fresh(engine_url: str, tmp_path: Path) -> Iterator[tuple[ProxyHandle, float]
 def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) -> None:
     proxy, t0 = fresh
     session = proxy.session(sampling_overrides={"max_tokens": 8})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0, timeout=120)
+    client = openai_client(proxy, session["api_key"], timeout=120)
     history: list[Any] = [{"role": "user", "content": "Say hi."}]
     reply = client.chat.completions.create(model="local-model", messages=history)
     history += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "More"}]
@@ -74,7 +75,7 @@ def test_proxy_metrics_match_the_calls_made(fresh: tuple[ProxyHandle, float]) ->
     client.responses.create(model="local-model", input="Say hi.")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=history)
-    bad_key = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="polar-wrong", max_retries=0)
+    bad_key = openai_client(proxy, "polar-wrong")
     with pytest.raises(openai.AuthenticationError):
         bad_key.chat.completions.create(model="local-model", messages=history)
     wall = time.monotonic() - t0

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,10 @@ from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import EngineRenderer
 from tests.conftest import ProxyHandle, _start_engine, all_fixtures, load_fixture, make_proxy
-from tests.test_fixture_replay import _send, assert_engine_sampled
+from tests.helpers.clients import openai_client
+from tests.helpers.demo import DIALECT_ENVS, run_demo
+from tests.helpers.lanes import lane
+from tests.helpers.replay import assert_engine_sampled, send_fixture
 
 pytestmark = pytest.mark.engine
 
@@ -82,30 +88,73 @@ class Served:
 
 
 class OneFamilyAtATime:
-    """The family engines, one at a time: asking for another model stops the running one and its proxy (an engine
-    takes a minute to start and about 1 GB). The tests ask in order, so each family's engine starts once."""
+    """The family engines, one serving at a time: asking for another model stops the running one and its proxy (an
+    engine takes a minute or more to start and about 1 GB). The tests ask in order, so each family's engine starts
+    once; the next family's engine and proxy start in the background while the current family's tests run (an engine
+    start is mostly imports: it overlaps what the tests leave of the two cores)."""
 
-    def __init__(self, tmp: pytest.TempPathFactory) -> None:
-        self.tmp = tmp
+    def __init__(self, tmp: pytest.TempPathFactory, order: list[str]) -> None:
+        self.tmp, self.order = tmp, order
         self.stack = contextlib.ExitStack()
         self.current: Served | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.next: tuple[str, Future[tuple[contextlib.ExitStack, Served]]] | None = None
+
+    def _serve(self, model: str) -> tuple[contextlib.ExitStack, Served]:
+        stack = contextlib.ExitStack()
+        try:
+            engine = stack.enter_context(contextlib.contextmanager(_start_engine)(model))
+            records = self.tmp.mktemp(f"records-{model}")
+            handle = stack.enter_context(contextlib.contextmanager(make_proxy)(engine, records))
+            handle.wait_for_local_renderer()
+        except BaseException:
+            stack.close()
+            raise
+        return stack, Served(model, engine, handle)
 
     def __call__(self, model: str) -> Served:
         if self.current is None or self.current.model != model:
             self.stack.close()
-            engine = self.stack.enter_context(contextlib.contextmanager(_start_engine)(model))
-            records = self.tmp.mktemp(f"records-{model}")
-            handle = self.stack.enter_context(contextlib.contextmanager(make_proxy)(engine, records))
-            handle.wait_for_local_renderer()
-            self.current = Served(model, engine, handle)
+            if self.next is not None and self.next[0] == model:
+                stack, self.current = self.next[1].result()
+                self.next = None
+            else:
+                stack, self.current = self._serve(model)
+            self.stack = stack
+            later = self.order[self.order.index(model) + 1 :] if model in self.order else []
+            if later and self.next is None:
+                self.next = (later[0], self.pool.submit(self._serve, later[0]))
         return self.current
+
+    def close(self) -> None:
+        self.stack.close()
+        if self.next is not None:
+            with contextlib.suppress(Exception):  # a start that failed: its test reported it, or none asked
+                self.next[1].result()[0].close()
+        self.pool.shutdown()
+
+
+def _families_in_order(items: list[pytest.Item]) -> list[str]:
+    """The families this module's selected tests ask for, in the order they run."""
+    asked = []
+    for item in items:
+        if item.module is not sys.modules[__name__]:  # type: ignore[attr-defined]
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "family" in params:
+            asked.append(params["family"])
+        elif "qwen3_5" in getattr(item, "fixturenames", ()):
+            asked.append(QWEN3_5)
+    return list(dict.fromkeys(asked))
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneFamilyAtATime]:
-    served = OneFamilyAtATime(tmp_path_factory)
-    with served.stack:
+def serve(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneFamilyAtATime]:
+    served = OneFamilyAtATime(tmp_path_factory, _families_in_order(request.session.items))
+    try:
         yield served
+    finally:
+        served.close()
 
 
 @pytest.fixture
@@ -383,7 +432,6 @@ def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(qwen3_5: 
     """Qwen3.5's generation prompt opens "<think>": the sample's reasoning until "</think>" is returned as reasoning,
     its qwen3_coder call as a tool call with typed arguments, and the echoed turn (reasoning, call) is restored to
     the exact sampled ids, so the next call continues it token for token."""
-    import openai
 
     first = (
         "I will list the files.\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n"
@@ -391,7 +439,7 @@ def test_reasoning_the_prompt_opened_and_a_qwen3_coder_call_round_trip(qwen3_5: 
     )
     second = "Seen them.\n</think>\n\nTwo files."
     session = qwen3_5.session(script=[first, second], sampling_overrides={"max_tokens": 64})
-    client = openai.OpenAI(base_url=f"{qwen3_5.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(qwen3_5, session["api_key"])
     tools = [BASH]
     messages: list[dict[str, Any]] = [*LIST_FILES]
     r1 = client.chat.completions.create(model="local-model", messages=messages, tools=tools)  # type: ignore[arg-type]
@@ -421,14 +469,13 @@ def test_a_history_the_template_rewrites_under_each_policy(qwen3_5: ProxyHandle,
     the next call is the template's render, as the model is served at deployment: the reasoning is gone, so the
     context is not an extension of the sample, and reconstruction starts a new segment there instead of silently
     training on a context the model never saw. Each record names the policy it ran under."""
-    import openai
 
     from nemo_polar.proxy.records import CallRecord
     from nemo_polar.reconstruct.builders import prefix_merging
 
     script = ["Let me greet.\n</think>\n\nHello.", "Again.\n</think>\n\nBye."]
     session = qwen3_5.session(script=script, history=history, sampling_overrides={"max_tokens": 32})
-    client = openai.OpenAI(base_url=f"{qwen3_5.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(qwen3_5, session["api_key"])
     messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
     first = client.chat.completions.create(model="local-model", messages=messages)  # type: ignore[arg-type]
     assert first.choices[0].message.content == "Hello."
@@ -502,18 +549,21 @@ SCRIPTED_CALL = {
 }
 
 
-def _demo_on(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    """``make demo MODEL=<family>``: the four CLIs solve their tasks with each scripted turn written by the family's
+def _demo_on(
+    served: Served,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    envs: list[str] | None,
+) -> None:
+    """``make demo MODEL=<family>``: the CLIs solve their tasks with each scripted turn written by the family's
     template in its tool-call format, sampled token for token and parsed back by vLLM's parser for the family."""
     from transformers import AutoTokenizer
 
-    from nemo_polar.env.gym import ENVIRONMENTS
-    from tests.test_demo import run_demo
-
-    run_demo(served.engine, tmp_path, monkeypatch, capsys)
+    envs = run_demo(served.engine, tmp_path, monkeypatch, capsys, envs)
     root = httpx.get(f"{served.engine}/v1/models", timeout=10).json()["data"][0]["root"]
     tok = AutoTokenizer.from_pretrained(root)
-    for env in ENVIRONMENTS:
+    for env in envs:
         [records] = (tmp_path / env).glob("*/records.jsonl")
         first = json.loads(records.read_text().splitlines()[0])
         ids = first["sampled_token_ids"]
@@ -576,52 +626,109 @@ def test_a_tools_request_to_a_template_without_tools_is_refused(engine_url: str,
         assert [r["status_code"] for r in records] == [400, 200] and "renders no tools" in records[0]["error"]
 
 
-@pytest.mark.parametrize(
-    ("family", "harness", "name"), [(f, h, n) for f in TRAITS for h, n in all_fixtures()], indirect=["family"]
-)
-def test_every_cli_request_replays_on_the_family_model(family: Served, harness: str, name: str) -> None:
-    """Accepted (Gemma 3's template has no tools: refused), the system messages placed where the template takes them
-    as the proxy's probe found, the proxy's render equal to the engine's, ids and logprobs the engine's."""
-    family_proxy, family_engine = family.proxy, family.engine
-    fixture = load_fixture(harness, name)
-    overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-    traits = TRAITS[family.model]
-    assert _probed(family_proxy) == traits
-    conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
-    if conv.tools and not traits.renders_tools:  # Gemma 3: the model would never see the tools
-        session = family_proxy.session(sampling_overrides=overrides)
-        response = _post(family_proxy, session["api_key"], fixture)
-        assert response.status_code == 400 and "renders no tools" in response.text
-        [rec] = family_proxy.records(session["session_id"])
-        assert not rec["complete"] and "renders no tools" in rec["error"]
-        return
-    for attempt in range(2):  # gpt-oss's template prints today's date: a render straddling midnight is redone
-        day = time.strftime("%Y-%m-%d")
-        _send(family_proxy, family_proxy.session(sampling_overrides=overrides)["api_key"], fixture, True)
-        session = family_proxy.session(sampling_overrides=overrides)
-        _send(family_proxy, session["api_key"], fixture, True)
-        [rec] = family_proxy.records(session["session_id"])
-        engine_render = _engine_render(family_engine, fixture, traits)
-        if rec["prompt_token_ids"] == engine_render or day == time.strftime("%Y-%m-%d") or attempt:
-            break
-
-    assert rec["complete"] and rec["error"] is None and rec["mode"] == "continuation"
-    assert rec["tokenize"] == "full:first"  # rendered in-process, not by the engine's /tokenize
-    assert rec["sampling"]["max_tokens"] == MAX_TOKENS
-    assert 0 < len(rec["sampled_token_ids"]) == len(rec["sampled_logprobs"]) <= MAX_TOKENS
-    # Codex sends two developer messages up front, Claude Code a system message after the first user turn: placed
-    # where the template takes them, only for a template that would refuse or drop them.
+def _placement_checked(harness: str, traits: TemplateTraits, note: str | None) -> None:
+    """Codex sends two developer messages up front, Claude Code a system message after the first user turn: placed
+    where the template takes them, only for a template that would refuse or drop them; Mistral's strict alternation
+    joins the user messages that then stand in a row, and only for it."""
     expected = {
         "codex": "merged:" if traits.merge_leading else None,
         "claude-code": "as_user:" if traits.later_as_user else None,
     }.get(harness)
-    notes = (rec["system_messages"] or "").split()
+    notes = (note or "").split()
     placed = [n for n in notes if n.startswith(("merged:", "as_user:"))]
     assert any(n.startswith(expected) for n in placed) if expected else not placed
-    # Mistral's strict alternation: the user messages that then stand in a row are joined, and only for it.
     assert any(n.startswith("users_joined:") for n in notes) <= traits.join_users
-    assert rec["prompt_token_ids"] == engine_render
-    assert_engine_sampled(family_engine, family.model, rec)
+
+
+def _same_day(render: Callable[[], tuple[list[int], list[int]]]) -> tuple[list[int], list[int]]:
+    """Two renders to compare, redone once if they straddled midnight (gpt-oss's template prints today's date)."""
+    day = time.strftime("%Y-%m-%d")
+    ours, engines = render()
+    return render() if ours != engines and day != time.strftime("%Y-%m-%d") else (ours, engines)
+
+
+FAMILY_FIXTURES = [(f, h, n) for f in TRAITS for h, n in all_fixtures()]
+
+
+@pytest.mark.parametrize(("family", "harness", "name"), FAMILY_FIXTURES, indirect=["family"])
+def test_every_cli_request_renders_as_the_engine_does(family: Served, harness: str, name: str) -> None:
+    """The proxy's in-process render of every captured CLI request, system messages placed where the template takes
+    them (as the proxy's probe found), equals the engine's own ``/tokenize`` render; Gemma 3's template renders no
+    tools: such a request is refused. Nothing is sampled here (the sampled side: the test below)."""
+    traits = TRAITS[family.model]
+    proxy = family.proxy.apps.proxy
+    assert (proxy._traits or _probed(family.proxy)) == traits
+    assert proxy.renderer.name == "local"  # what the proxy renders with: adopted once verified against the engine
+    fixture = load_fixture(harness, name)
+    conv = get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"])
+    if conv.tools and not traits.renders_tools:  # Gemma 3: the model would never see the tools
+        session = family.proxy.session(sampling_overrides={"max_tokens": 1})
+        response = _post(family.proxy, session["api_key"], fixture)
+        assert response.status_code == 400 and "renders no tools" in response.text
+        [rec] = family.proxy.records(session["session_id"])
+        assert not rec["complete"] and "renders no tools" in rec["error"]
+        return
+    messages, note = conv.placed_messages(traits)
+    tools = conv.template_tools() if conv.tool_choice != "none" else None
+    ours, engines = _same_day(
+        lambda: (proxy.renderer.render_sync(messages, tools, {}), _engine_render(family.engine, fixture, traits))
+    )
+    assert ours == engines
+    _placement_checked(harness, traits, note)
+
+
+@functools.cache
+def _dialect_and_tools(harness: str, name: str) -> tuple[str, bool]:
+    fixture = load_fixture(harness, name)
+    return fixture["api"], bool(get_adapter(CAPTURED_APIS[fixture["api"]]).parse(fixture["body"]).tools)
+
+
+def _accepted(model: str, harness: str, name: str) -> bool:
+    """Whether the family's template takes the request (Gemma 3's refuses tools: nothing is sampled)."""
+    return TRAITS[model].renders_tools or not _dialect_and_tools(harness, name)[1]
+
+
+# Sampled: one request per dialect per family in make test, every request the family takes in make test-full.
+FAMILY_SAMPLED = [c for c in FAMILY_FIXTURES if _accepted(*c)]
+FIRST_PER_DIALECT = [
+    next(c for c in FAMILY_SAMPLED if c[0] == model and _dialect_and_tools(*c[1:])[0] == api)
+    for model in TRAITS
+    for api in CAPTURED_APIS
+    if any(_dialect_and_tools(*c[1:])[0] == api for c in FAMILY_SAMPLED if c[0] == model)
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "harness", "name"),
+    lane(FAMILY_SAMPLED, FIRST_PER_DIALECT, ids=lambda c: "-".join(c)),
+    indirect=["family"],
+)
+def test_the_record_holds_what_the_engine_sampled_on_the_family(family: Served, harness: str, name: str) -> None:
+    """A request replayed through the proxy in continuation mode: the record's prompt is the engine's render, rendered
+    in-process, and its ids and logprobs are what the engine samples for that prompt."""
+    fixture = load_fixture(harness, name)
+    traits = TRAITS[family.model]
+    assert _probed(family.proxy) == traits
+    overrides = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+
+    def replay() -> tuple[list[int], list[int]]:
+        nonlocal rec
+        # sent once before, so the recorded call and the direct re-query are prefilled the same way (prefix cache)
+        send_fixture(family.proxy, family.proxy.session(sampling_overrides=overrides)["api_key"], fixture, True)
+        session = family.proxy.session(sampling_overrides=overrides)
+        send_fixture(family.proxy, session["api_key"], fixture, True)
+        [rec] = family.proxy.records(session["session_id"])
+        return rec["prompt_token_ids"], _engine_render(family.engine, fixture, traits)
+
+    rec: dict[str, Any] = {}
+    ours, engines = _same_day(replay)
+    assert rec["complete"] and rec["error"] is None and rec["mode"] == "continuation"
+    assert rec["tokenize"] == "full:first"  # rendered in-process, not by the engine's /tokenize
+    assert rec["sampling"]["max_tokens"] == MAX_TOKENS
+    assert 0 < len(rec["sampled_token_ids"]) == len(rec["sampled_logprobs"]) <= MAX_TOKENS
+    _placement_checked(harness, traits, rec["system_messages"])
+    assert ours == engines
+    assert_engine_sampled(family.engine, family.model, rec)
 
 
 class EngineOnTransformers:
@@ -662,12 +769,11 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
     """Llama 3's tool calls are bare JSON, read by vLLM's own ``llama3_json`` parser (the worker in the engine's
     environment): the scripted sample comes back as a tool call, and the next call continues the exact sampled ids
     across Llama 3's end-of-turn token (named by its polar-family.json)."""
-    import openai
 
     proxy = serve("tiny-llama3").proxy
     first = '{"name": "bash", "parameters": {"command": "ls"}}'
     session = proxy.session(script=[first, "Two files."], sampling_overrides={"max_tokens": 64})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     tools = [BASH]
     messages: list[dict[str, Any]] = [*LIST_FILES]
     with client.chat.completions.stream(model="local-model", messages=messages, tools=tools) as streamed:  # type: ignore[arg-type]
@@ -697,7 +803,6 @@ def test_a_llama3_json_call_is_parsed_by_vllms_parser_and_continued(serve: OneFa
 def _a_scripted_call_and_its_answer(family: Served) -> tuple[str, dict[str, Any], dict[str, Any], Any]:
     """A scripted bash call, its result, a scripted answer, through the OpenAI SDK: the call's id as the harness got
     it, both records (the second checked to continue the first's ids) and the family's tokenizer."""
-    import openai
     from transformers import AutoTokenizer
 
     from nemo_polar.paths import cache_dir
@@ -705,7 +810,7 @@ def _a_scripted_call_and_its_answer(family: Served) -> tuple[str, dict[str, Any]
     proxy = family.proxy
     script = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, "Two files."]
     session = proxy.session(script=script, sampling_overrides={"max_tokens": 64})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     messages: list[dict[str, Any]] = [*LIST_FILES]
     r1 = client.chat.completions.create(model="local-model", messages=messages, tools=[BASH])  # type: ignore[arg-type]
     msg = r1.choices[0].message
@@ -785,8 +890,10 @@ def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATi
     assert not rec["complete"] and "cannot write script entry 0" in rec["error"]
 
 
+@pytest.mark.parametrize("envs", lane(["dialects", "all"], ["dialects"]))
 @pytest.mark.parametrize("family", [QWEN3_5, "tiny-llama3", "tiny-gpt_oss", "tiny-glm", "tiny-mistral"], indirect=True)
 def test_the_demo_runs_on_the_family(
-    family: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    family: Served, envs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _demo_on(family, tmp_path, monkeypatch, capsys)
+    """One CLI per dialect in make test; every CLI in make test-full."""
+    _demo_on(family, tmp_path, monkeypatch, capsys, DIALECT_ENVS if envs == "dialects" else None)

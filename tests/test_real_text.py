@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import anthropic
 import httpx
 import pytest
 
 from tests.conftest import ProxyHandle, make_proxy
+from tests.helpers.clients import anthropic_client
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def smol_proxy(smollm2_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def test_real_answer_streams_and_continues(smol_proxy: ProxyHandle, smollm2_url: str) -> None:
     session = smol_proxy.session(sampling_overrides={"temperature": 0.0, "max_tokens": 40})
-    client = anthropic.Anthropic(base_url=smol_proxy.url, api_key=session["api_key"], max_retries=0)
+    client = anthropic_client(smol_proxy, session["api_key"])
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     deltas: list[str] = []
     with client.messages.stream(model="local-model", max_tokens=40, messages=messages) as stream:

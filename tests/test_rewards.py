@@ -16,11 +16,25 @@ from nemo_polar.rewards.datasets import load_rows
 from nemo_polar.rewards.grader import grade_many, swebench_report
 from nemo_polar.sandbox.workspace import git, prepare_workspace
 from tests.conftest import ProxyHandle
+from tests.helpers.lanes import lane
 
 INSTANCES = bundled_instances()
 TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"  # the bundled eval scripts' runner
 RUNTIMES = ["bwrap", "docker"]
 IDS = [i.instance_id for i in INSTANCES]
+
+
+def _ids(cell: tuple[SWEInstance, str]) -> str:
+    return f"{cell[0].instance_id}-{cell[1]}"
+
+
+# What an instance decides (its tests, its fix) is graded on every instance in bwrap; what the runtime decides (the
+# container, its mounts) on two in docker in make test, every instance in make test-full.
+EVERY_INSTANCE_IN_BWRAP_A_FEW_IN_DOCKER = lane(
+    [(i, r) for i in INSTANCES for r in RUNTIMES],
+    [(i, "bwrap") for i in INSTANCES] + [(i, "docker") for i in INSTANCES[:2]],
+    ids=_ids,
+)
 
 
 def test_at_least_eight_bundled_instances() -> None:
@@ -50,8 +64,7 @@ def _diff_after(inst: SWEInstance, tmp: Path, edit: dict[str, str | bytes]) -> s
     return git(ws, "diff", "--cached", "--binary", "HEAD").decode()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("inst", INSTANCES, ids=IDS)
+@pytest.mark.parametrize(("inst", "runtime"), EVERY_INSTANCE_IN_BWRAP_A_FEW_IN_DOCKER)
 def test_gold_resolves_and_empty_or_broken_patches_do_not(inst: SWEInstance, runtime: str, tmp_path: Path) -> None:
     gold = grade(inst, inst.patch, runtime, work_dir=tmp_path)
     assert gold.status == "resolved" and gold.reward == 1.0 and not gold.mask_sample, gold.reason
@@ -67,8 +80,7 @@ def test_gold_resolves_and_empty_or_broken_patches_do_not(inst: SWEInstance, run
     assert (unappliable.status, unappliable.reward, unappliable.mask_sample) == ("patch_failed", 0.0, False)
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("inst", INSTANCES, ids=IDS)
+@pytest.mark.parametrize(("inst", "runtime"), EVERY_INSTANCE_IN_BWRAP_A_FEW_IN_DOCKER)
 def test_a_patch_that_rewrites_the_tests_scores_zero(inst: SWEInstance, runtime: str, tmp_path: Path) -> None:
     """The agent 'fixes' the failing tests instead of the code: every FAIL_TO_PASS test replaced by a pass, in
     the test files the instance's tests live in. The grader restores those files and re-applies the test patch."""
@@ -345,8 +357,10 @@ def test_log_markers_are_swebench_s() -> None:
 
 
 # Each case waits out its timeout; what decides the verdict is the grader's clock, not the instance: three of them.
-@pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("base", INSTANCES[:3], ids=IDS[:3])
+@pytest.mark.parametrize(
+    ("base", "runtime"),
+    lane([(i, r) for i in INSTANCES[:3] for r in RUNTIMES], [(INSTANCES[0], r) for r in RUNTIMES], ids=_ids),
+)
 def test_test_suite_timeout_is_masked(base: SWEInstance, runtime: str, tmp_path: Path) -> None:
     inst = base.model_copy(update={"test_timeout_s": 3.0})
     source = _patched_files(inst.patch)[0]

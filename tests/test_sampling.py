@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from pydantic import ValidationError
 
@@ -26,6 +24,7 @@ from nemo_polar.proxy.sampling import SamplingParams
 from nemo_polar.proxy.sessions import SessionConfig, SessionStore
 from nemo_polar.reconstruct import export
 from tests.conftest import ProxyHandle
+from tests.helpers.clients import anthropic_client, openai_client
 
 ROOT = Path(__file__).resolve().parents[1]
 HI = [{"role": "user", "content": "hi"}]
@@ -102,13 +101,13 @@ async def test_engine_request_carries_the_recorded_sampling(mode: str) -> None:
 
 def test_records_carry_top_k_pinned_or_asked(proxy: ProxyHandle) -> None:
     pinned = proxy.session(sampling_overrides={"top_k": 3, "max_tokens": 4})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=pinned["api_key"], max_retries=0)
+    client = openai_client(proxy, pinned["api_key"])
     client.chat.completions.create(model="local-model", messages=HI, extra_body={"top_k": 9})
 
     asked = proxy.session()
-    aclient = anthropic.Anthropic(base_url=proxy.url, api_key=asked["api_key"], max_retries=0)
+    aclient = anthropic_client(proxy, asked["api_key"])
     aclient.messages.create(model="local-model", max_tokens=4, top_k=7, messages=HI)
-    oclient = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=asked["api_key"], max_retries=0)
+    oclient = openai_client(proxy, asked["api_key"])
     oclient.responses.create(model="local-model", input="hi", max_output_tokens=4)  # Responses has no top_k
 
     [rec] = proxy.records(pinned["session_id"])
@@ -170,6 +169,6 @@ def test_export_parses_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> 
 def test_proxy_parses_through_the_registry(proxy: ProxyHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _spy(monkeypatch, "chat")
     session = proxy.session(sampling_overrides={"max_tokens": 2})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     client.chat.completions.create(model="local-model", messages=HI)
     assert [b["messages"] for b in seen] == [HI]

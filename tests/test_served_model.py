@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 
 from nemo_polar.proxy.serve import BackgroundServer
 from tests.conftest import ProxyHandle, make_proxy
+from tests.helpers.clients import openai_client
 
 pytestmark = pytest.mark.engine
 
@@ -236,7 +237,7 @@ def test_chat_prefix_through_an_engine_without_a_model_list(
     proxy = next(proxy_iter)
     try:
         key = pinned_session(proxy, chars, eos, script=[TEXT, TEXT, TEXT])
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key["api_key"], max_retries=0, timeout=120)
+        client = openai_client(proxy, key["api_key"], timeout=120)
         history: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
         # The second call is cut short by max_tokens: its ids end without EOS, NeMo-RL's other case.
         for turn, max_tokens in enumerate([16, 5, 16]):
@@ -293,7 +294,7 @@ def test_stock_vllm_ignores_required_prefix_token_ids(
     proxy = next(proxy_iter)
     try:
         key = pinned_session(proxy, chars, eos, script=[TEXT, TEXT])
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key["api_key"], max_retries=0, timeout=120)
+        client = openai_client(proxy, key["api_key"], timeout=120)
         history: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
         reply = client.chat.completions.create(model="local-model", messages=history)
         history += [{"role": "assistant", "content": reply.choices[0].message.content}]
@@ -319,7 +320,7 @@ def test_without_served_model_the_error_says_what_to_set(nemo_rl: tuple[str, Nem
     proxy = next(proxy_iter)
     try:
         key = proxy.session(mode="chat_prefix", sampling_overrides={"max_tokens": 8})["api_key"]
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
+        client = openai_client(proxy, key, timeout=120)
         with pytest.raises(openai.APIStatusError) as err:
             client.chat.completions.create(model="local-model", messages=[{"role": "user", "content": "hello"}])
         assert err.value.status_code == 502 and "set the proxy's served_model" in str(err.value)

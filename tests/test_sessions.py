@@ -15,6 +15,7 @@ import pytest
 
 from nemo_polar.proxy.records import read_records
 from tests.conftest import ProxyHandle
+from tests.helpers.clients import openai_client
 
 
 @pytest.mark.anyio
@@ -45,7 +46,7 @@ async def test_concurrent_sessions_never_mix_records(proxy: ProxyHandle) -> None
 
 def test_record_fields_and_timing(proxy: ProxyHandle) -> None:
     session = proxy.session(policy_version=7, sampling_overrides={"max_tokens": 5, "temperature": 0.5, "top_p": 0.9})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0)
+    client = openai_client(proxy, session["api_key"])
     before = time.time()
     client.chat.completions.create(
         model="local-model", messages=[{"role": "user", "content": "x"}], temperature=1.7, max_tokens=99
@@ -128,7 +129,7 @@ def test_a_script_turn_is_written_by_the_template_and_sampled_token_for_token(
 
     turn = {"tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}
     session = proxy.session(script=[turn, {"content": "Two files."}], sampling_overrides={"max_tokens": 64})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=session["api_key"], max_retries=0, timeout=60)
+    client = openai_client(proxy, session["api_key"], timeout=60)
     messages: list[dict] = [{"role": "user", "content": "list the files"}]
     first = client.chat.completions.create(model="local-model", messages=messages, tools=LS_TOOL)  # type: ignore[arg-type]
     [call] = first.choices[0].message.tool_calls or []
@@ -198,7 +199,7 @@ def test_a_call_sent_on_a_streamed_tool_call_gets_the_next_script_entry(engine_u
     with FaultPoint(engine_url, "hold_finish", [0]) as point:
         for handle in make_proxy(point.url, tmp_path / "records"):
             session = handle.session(script=[tool, "reviewed", "done"], sampling_overrides={"max_tokens": 60})
-            client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key=session["api_key"], max_retries=0, timeout=60)
+            client = openai_client(handle, session["api_key"], timeout=60)
             stream = client.chat.completions.create(
                 model="local-model", messages=[{"role": "user", "content": "list"}], tools=tools, stream=True
             )
@@ -232,7 +233,7 @@ def test_a_closed_session_leaves_memory_and_its_records_are_read_back_from_disk(
     created, live = len(store), store.live
     session, idle = proxy.session(sampling_overrides={"max_tokens": 4}), proxy.session()
     sid, key = session["session_id"], session["api_key"]
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+    client = openai_client(proxy, key)
     client.chat.completions.create(model="local-model", messages=[{"role": "user", "content": "hi"}])
     held = store.get(sid)
     assert held is not None and held.calls  # live: the replay map is in memory

@@ -304,7 +304,7 @@ def test_the_gym_agent_runs_a_gym_row_of_a_real_task_in_its_sif(
     of the real task: the unchanged CLI works in the SIF's root filesystem (daemonless), and the patch is graded."""
     from fastapi.testclient import TestClient
 
-    from tests.test_gym import make_agent
+    from tests.helpers.gym import make_agent
 
     inst, formatter = more_itertools_sif
     agent = make_agent(

@@ -13,7 +13,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from nemo_polar.proxy.renderer import PROBE_TOOLS, TokenCache, _as_vllm_sees_them
 from nemo_polar.proxy.template_segments import NotSegmentable, SegmentedTemplate, TemplateCache
-from tests.test_incremental_render import MODELS, NASTY, grow, renderer, sessions
+from tests.helpers.renders import MODELS, NASTY, grow, renderer, sessions
 
 
 def env(template: str) -> Environment:

@@ -31,7 +31,7 @@ from nemo_polar.reconstruct.builders import BuilderConfig, prefix_merging
 from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.reconstruct.io import load_records
 from tests.conftest import ENV_HARNESSES, ProxyHandle
-from tests.test_reconstruct import (
+from tests.helpers.records import (
     CONTEXT,
     EOT,
     GLUE,
@@ -45,6 +45,7 @@ from tests.test_reconstruct import (
     subagent_and_compaction,
     tool_turn,
 )
+from tests.helpers.sessions import ScriptedSessions
 
 SESSION = "sess-" + "0" * 32
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
@@ -507,12 +508,12 @@ def test_real_session_with_a_subagent_through_the_store_and_gyms_consumer(proxy:
 
 @pytest.mark.engine
 @pytest.mark.parametrize("harness", ENV_HARNESSES)
-def test_real_cli_sessions_agree_with_gyms_builder(proxy: ProxyHandle, harness: str, tmp_path: Path) -> None:
+def test_real_cli_sessions_agree_with_gyms_builder(
+    proxy: ProxyHandle, scripted_sessions: ScriptedSessions, harness: str
+) -> None:
     """One scripted session of each real CLI in bwrap (``test_harness``'s helpers): Gym's prefix_merging over the
     exported entries gives our chain, and Gym's consumer over :class:`PolarTokenStore` delivers our Gym items."""
-    from tests.test_harness import run
-
-    result = run(proxy, harness, tmp_path)
+    result, _ = scripted_sessions(harness)  # the session test_harness checks, read here from Gym's side
     assert result.status == "completed", result.error
     records = result.records
     check = cross_check(records)

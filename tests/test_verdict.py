@@ -13,7 +13,7 @@ from nemo_polar.env.session import SessionResult
 from nemo_polar.env.verdict import GYM_FAILURE_KINDS, Verdict, VerdictPolicy, judge
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.rewards.grader import GradeResult
-from tests.test_reconstruct import EOT, child, rec
+from tests.helpers.records import EOT, child, rec
 
 
 def session(status: str = "completed", **kw: Any) -> SessionResult:

@@ -31,6 +31,7 @@ from nemo_polar.rewards.grader import GradeResult
 from nemo_polar.sandbox.egress import EgressAttempt
 from nemo_polar.view.report import render_report, write_report
 from tests.conftest import ProxyHandle
+from tests.helpers.clients import openai_client
 
 SCRIPT = "<script>alert('polar')</script>"
 PATCH = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-return a - b\n+return a + b\n"
@@ -121,7 +122,7 @@ def runs(proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathF
     root = tmp_path_factory.mktemp("runs")
 
     good = proxy.session(sampling_overrides={"max_tokens": 8})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=good["api_key"], max_retries=0)
+    client = openai_client(proxy, good["api_key"])
     converse(client, [{"role": "system", "content": "main agent"}, {"role": "user", "content": f"fix {SCRIPT}"}], 3)
     good_dir, good_records = session_dir(root, proxy, good["session_id"], "completed", patch=PATCH)
     log = good_dir / "eval" / "calc_add-0" / "eval.stdout.log"
@@ -141,7 +142,7 @@ def runs(proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathF
     (good_dir / "grade.json").write_text(grade.model_dump_json(indent=2))
 
     broken = proxy.session(sampling_overrides={"max_tokens": 8})
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=broken["api_key"], max_retries=0)
+    client = openai_client(proxy, broken["api_key"])
     history = converse(client, [{"role": "user", "content": "list the files"}], 2)
     history[0] = {"role": "user", "content": "list the files, briefly"}  # the harness rewrote its history
     converse(client, history, 1)
@@ -338,7 +339,7 @@ def test_chain_tree_nests_chains_under_the_call_they_started_after(tmp_path: Pat
     """The session's chains as a tree: a subagent under the main call that spawned it, a compaction segment under
     the call that came before it; every chain is an item of the tree on the page."""
     from nemo_polar.view.report import chain_tree
-    from tests.test_reconstruct import subagent_and_compaction
+    from tests.helpers.records import subagent_and_compaction
 
     records = subagent_and_compaction()  # m1 s1 m2 s2 m3 k1, in call order
     traces = prefix_merging(records).traces

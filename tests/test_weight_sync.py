@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import openai
 import pytest
 
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle, make_proxy
+from tests.helpers.clients import openai_client
 
 pytestmark = pytest.mark.engine
 # The in-process proxy shares two busy cores with the engine and the streaming client: admin calls may answer late.
@@ -26,7 +26,7 @@ def versioned(engine_url: str, tmp_path) -> ProxyHandle:  # type: ignore[no-unty
 
 
 def ask(proxy: ProxyHandle, key: str, history: list[dict]) -> str:
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
+    client = openai_client(proxy, key, timeout=120)
     return client.chat.completions.create(model="local-model", messages=history).choices[0].message.content or ""
 
 
@@ -182,7 +182,7 @@ def test_pause_wait_is_bounded(versioned: ProxyHandle) -> None:
     hang_up = threading.Event()
 
     def stream_until_hang_up() -> None:
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=slow["api_key"], max_retries=0, timeout=120)
+        client = openai_client(proxy, slow["api_key"], timeout=120)
         messages = [{"role": "user", "content": "go"}]
         with client.chat.completions.create(model="local-model", messages=messages, stream=True) as stream:  # type: ignore[arg-type]
             for _ in stream:
