@@ -162,7 +162,7 @@ SPECS: dict[str, Spec] = {
     "recompute": Spec(
         "8 sessions x 4 calls with SmolLM2-135M (real weights); trainable logprobs recomputed with transformers",
         "python -m bench.recompute",
-        "none (a measurement: the engine samples in bf16, the trainer recomputes in float32)",
+        "none (a measurement: on the CPU the engine samples in float32, as the trainer recomputes)",
         None,
         [("mean |Δ|", "mean_abs_logprob_delta"), ("max |Δ|", "max_abs_logprob_delta")],
     ),

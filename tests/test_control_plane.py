@@ -29,6 +29,7 @@ from nemo_polar.sandbox.base import PROXY_PORT
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ENV_HARNESSES, ProxyHandle, make_proxy
 from tests.helpers.clients import openai_client
+from tests.helpers.lanes import lane
 
 VERSION = 3  # the proxy's policy version; the probe tries to re-stamp 999
 
@@ -122,16 +123,18 @@ def probe_repo(tmp: Path) -> Path:
     return repo
 
 
-# Every harness probes from bwrap; docker's relay and network are the container's, whatever runs in it, so it is probed
-# by one of each kind of harness install: a native CLI binary, a Node bundle on the host's node, a Python venv on the
-# system's interpreter, and a Python that brings its own (each harness also runs a whole session in docker:
-# test_docker.py).
-DOCKER_PROBES = ("claude_code", "qwen_code", "mini_swe_agent", "openhands_sdk")
+# The relay and network are the runtime's, whatever runs in them, so make test probes each runtime from one of each
+# kind of harness install: a native CLI binary, a Node bundle on the host's node, a Python venv on the system's
+# interpreter, and a Python that brings its own; make test-full probes from every harness in bwrap (each harness also
+# runs a whole session in docker: test_docker.py).
+INSTALL_KINDS = ("claude_code", "qwen_code", "mini_swe_agent", "openhands_sdk")
+PROBES = [(h, "bwrap") for h in ENV_HARNESSES] + [(h, "docker") for h in INSTALL_KINDS]
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize(
-    ("harness", "runtime"), [(h, "bwrap") for h in ENV_HARNESSES] + [(h, "docker") for h in DOCKER_PROBES]
+    ("harness", "runtime"),
+    lane(PROBES, [(h, r) for h, r in PROBES if h in INSTALL_KINDS], ids=lambda c: "-".join(c)),
 )
 def test_an_agent_cannot_reach_the_control_plane_through_the_relay(
     guarded: ProxyHandle, victim: dict[str, str], harness: str, runtime: str, tmp_path: Path

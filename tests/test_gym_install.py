@@ -39,6 +39,7 @@ from nemo_polar.engine.launcher import free_port
 from nemo_polar.env.gym import agent_name, gym_root
 from nemo_polar.env.gym.wheel import build_wheel, checkout_version, requirement
 from nemo_polar.paths import cache_dir, source_dir
+from tests.helpers.lanes import FULL
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = "polar_pi_agent"
@@ -303,6 +304,8 @@ def test_gym_builds_the_agent_venv_from_the_shipped_root_and_it_solves_a_task(
 NATIVE = "polar_pi_native"
 
 
+# make test-full: the same requirements as the agent's venv above (make test), served by the native server
+@FULL
 @pytest.mark.engine
 @pytest.mark.gym_venv
 @pytest.mark.timeout(1800)
@@ -358,6 +361,8 @@ print(json.dumps({"agent_dir": str(agent_dir), "setup": setup, "config": OmegaCo
 """
 
 
+# make test-full: Gym's build on NeMo-RL's pinned nemo-gym; make test builds with the installed one (above)
+@FULL
 @pytest.mark.engine
 @pytest.mark.gym_venv
 @pytest.mark.timeout(1800)

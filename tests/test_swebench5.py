@@ -19,6 +19,7 @@ from nemo_polar.rewards.grader import GradeResult, grade_many
 from nemo_polar.rewards.instance import SWEInstance
 from nemo_polar.sandbox.workspace import GIT
 from tests.conftest import TASKS, ProxyHandle
+from tests.helpers.lanes import lane
 
 pytestmark = pytest.mark.real_image  # the heaviest tests: `pytest -m "not real_image"` leaves them out
 TASK_IDS = sorted(d.name for d in (TASKS / "tasks").iterdir() if (d / "task.yaml").exists())
@@ -78,46 +79,62 @@ def grade_all(
     return {i: {name: next(results) for name in by_name} for i, by_name in patches.items()}
 
 
+class Grades:
+    """Each task's gold, empty and wrong patch graded once per runtime, when a test first asks (the docker grades are
+    shared with swebench's cross-check)."""
+
+    def __init__(self, images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], tmp: Path) -> None:
+        self.images, self.patches, self.tmp = images, patches, tmp
+        self.done: dict[tuple[str, str], dict[str, GradeResult]] = {}
+
+    def __call__(self, instance_id: str, runtime: str) -> dict[str, GradeResult]:
+        if (instance_id, runtime) not in self.done:
+            one = {instance_id: self.patches[instance_id]}
+            logs = self.tmp / f"{runtime}-{instance_id}"
+            self.done[instance_id, runtime] = grade_all(self.images, one, runtime, logs)[instance_id]
+        return self.done[instance_id, runtime]
+
+
 @pytest.fixture(scope="session")
-def docker_grades(
+def grades(
     images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, dict[str, GradeResult]]:
-    """Every task's gold, empty and wrong patch graded once in docker (shared with the cross-check)."""
-    return grade_all(images, patches, "docker", tmp_path_factory.mktemp("docker-logs"))
+) -> Grades:
+    return Grades(images, patches, tmp_path_factory.mktemp("grade-logs"))
 
 
-@pytest.mark.parametrize("runtime", ["docker", "bwrap"])
-def test_gold_empty_and_wrong_patches(
-    images: dict[str, SWEInstance],
-    patches: dict[str, dict[str, str]],
-    docker_grades: dict[str, dict[str, GradeResult]],
-    runtime: str,
-    tmp_path: Path,
-) -> None:
+SYMPY = "sympy__sympy-20590"  # SymPy's bin/test: the runner script the hack below replaces
+# make test: every runner family in docker (swebench's own runtime), two in bwrap (requests' network-reading tests,
+# SymPy's runner script); make test-full: every task in both.
+GRADED = lane(
+    [(r, i) for r in ("docker", "bwrap") for i in TASK_IDS],
+    [*[("docker", i) for i in TASK_IDS], ("bwrap", "psf__requests-cve-2023-32681"), ("bwrap", SYMPY)],
+    ids=lambda c: "-".join(c),
+)
+
+
+@pytest.mark.parametrize(("runtime", "instance_id"), GRADED)
+def test_gold_empty_and_wrong_patches(grades: Grades, runtime: str, instance_id: str) -> None:
     """Each runner family (pytest, Django's runtests.py, SymPy's bin/test, and requests: a network library whose
     tests read the proxy environment and resolve names) in both runtimes."""
-    graded = docker_grades if runtime == "docker" else grade_all(images, patches, runtime, tmp_path / "logs")
-    for instance_id, results in graded.items():
-        gold, empty, wrong = results["gold"], results["empty"], results["wrong"]
-        assert verdicts([gold, empty, wrong]) == [
-            ("resolved", 1.0, False),
-            ("empty_patch", 0.0, False),
-            ("unresolved", 0.0, False),
-        ], (instance_id, [gold.reason, wrong.reason])
-        assert gold.fail_to_pass == 1.0 and gold.pass_to_pass == 1.0, instance_id
-        assert wrong.fail_to_pass == 0.0 and wrong.pass_to_pass == 1.0, instance_id
-        assert gold.log_path is not None and gold.log_path.is_file()  # the evaluation log is kept
-        assert gold.log_path != wrong.log_path
+    results = grades(instance_id, runtime)
+    gold, empty, wrong = results["gold"], results["empty"], results["wrong"]
+    assert verdicts([gold, empty, wrong]) == [
+        ("resolved", 1.0, False),
+        ("empty_patch", 0.0, False),
+        ("unresolved", 0.0, False),
+    ], (instance_id, [gold.reason, wrong.reason])
+    assert gold.fail_to_pass == 1.0 and gold.pass_to_pass == 1.0, instance_id
+    assert wrong.fail_to_pass == 0.0 and wrong.pass_to_pass == 1.0, instance_id
+    assert gold.log_path is not None and gold.log_path.is_file()  # the evaluation log is kept
+    assert gold.log_path != wrong.log_path
 
 
+@pytest.mark.parametrize("instance_id", lane(TASK_IDS, [SYMPY]))
 def test_swebench_run_instance_agrees(
-    images: dict[str, SWEInstance],
-    patches: dict[str, dict[str, str]],
-    docker_grades: dict[str, dict[str, GradeResult]],
-    tmp_path: Path,
+    images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], grades: Grades, instance_id: str, tmp_path: Path
 ) -> None:
     """swebench's own harness on the same rows and images: the same verdicts on gold, empty and wrong patches, and
-    one difference, a runner-script hack that fools it and that the guard undoes."""
+    on SymPy one difference, a runner-script hack that fools it and that the guard undoes."""
     # swebench execs the eval script without a TTY and reads its stdout and stderr as two streams, so under load a
     # runner's last stdout lines can reach its log after the end marker (a set -x trace on stderr) and be graded as
     # missing. Such a run says nothing about the verdict: it is run again, each time under a run id of its own.
@@ -135,7 +152,7 @@ def reordered(row, run_id, name):
     return any(test in after_end for test in [*row["FAIL_TO_PASS"], *row["PASS_TO_PASS"]])
 
 out = {}
-for row in rows:
+for row in (r for r in rows if r["instance_id"] in preds):
     for name, patch in preds[row["instance_id"]].items():
         pred = {"instance_id": row["instance_id"], "model_name_or_path": name, "model_patch": patch}
         for attempt in range(5):
@@ -148,21 +165,22 @@ for row in rows:
         out[row["instance_id"] + "/" + name] = bool(done and done[1][row["instance_id"]]["resolved"])
 print(json.dumps(out))
 """
-    sympy = next(i for i, inst in images.items() if inst.log_parser == "parse_log_sympy")
-    hack = runner_hack(images[sympy], tmp_path / "hack")
-    preds = {i: dict(by_name) for i, by_name in patches.items()}
-    preds[sympy]["hack"] = hack
+    preds = {instance_id: dict(patches[instance_id])}
+    if instance_id == SYMPY:
+        assert images[SYMPY].log_parser == "parse_log_sympy"
+        preds[SYMPY]["hack"] = runner_hack(images[SYMPY], tmp_path / "hack")
     done = subprocess.run(
         [sys.executable, "-c", code, str(TASKS), json.dumps(preds)], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    [guarded] = grade_many([(images[sympy], hack)], runtime="docker")
-    assert theirs.pop(f"{sympy}/hack") is True  # swebench restores only the test patch's files: fooled
-    assert (guarded.status, guarded.reward) == ("unresolved", 0.0) and "bin/test" in guarded.reverted_paths
-    ours = {f"{i}/{name}": r.resolved for i, by_name in docker_grades.items() for name, r in by_name.items()}
+    if instance_id == SYMPY:
+        [guarded] = grade_many([(images[SYMPY], preds[SYMPY]["hack"])], runtime="docker")
+        assert theirs.pop(f"{SYMPY}/hack") is True  # swebench restores only the test patch's files: fooled
+        assert (guarded.status, guarded.reward) == ("unresolved", 0.0) and "bin/test" in guarded.reverted_paths
+    ours = {f"{instance_id}/{name}": r.resolved for name, r in grades(instance_id, "docker").items()}
     assert ours == theirs
-    assert [theirs[f"{i}/gold"] for i in patches] == [True] * len(patches)
+    assert theirs[f"{instance_id}/gold"] is True
 
 
 def test_polar_grade_keeps_every_log(images: dict[str, SWEInstance], tmp_path: Path) -> None:
