@@ -46,9 +46,10 @@ PATTERNS = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "pattern
 CASES = load_patterns(PATTERNS)
 RUN = [c for c in CASES if not c.unsupported and not c.blocked]
 # What the proxy and reconstruction make of a retried, failed, parallel or dropped call does not depend on which CLI of
-# a dialect made it: one CLI per dialect in make test, every CLI in make test-full. Subagents, compaction and side
-# calls are each CLI's own mechanics: every CLI in make test.
-PER_DIALECT = {"engine_retry", "parallel_tools", "tool_error", "client_disconnect"}
+# a dialect made it, nor does a compaction's new context (a fresh chain, whatever the CLI summarised): one CLI per
+# dialect in make test (Claude Code's summary tag among them), every CLI in make test-full. Subagents and side calls
+# are each CLI's own requests, read by per-CLI rules: every CLI in make test.
+PER_DIALECT = {"engine_retry", "parallel_tools", "tool_error", "client_disconnect", "compaction"}
 KEEP = [c for c in RUN if c.scenario not in PER_DIALECT or c.harness in DIALECT_HARNESSES.values()]
 
 
