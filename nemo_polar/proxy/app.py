@@ -30,7 +30,7 @@ from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
-from nemo_polar.proxy.family_parser import FamilyStream, ParserWorker, family_format
+from nemo_polar.proxy.family_parser import FamilyStream, acquire_parser_worker, family_format, release_parser_worker
 from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
 from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
 from nemo_polar.proxy.output import StreamEmitter, new_id
@@ -127,7 +127,8 @@ class Proxy:
         self.metrics = ProxyMetrics(self.admission, self.sessions)
         self._local_probe: asyncio.Task[None] | None = None
         self._traits: TemplateTraits | None = None
-        self.parser_worker = ParserWorker()  # vLLM's own parsers, for formats not read in process; started on use
+        # vLLM's own parsers, for formats not read in process: the process's worker, started on first use
+        self.parser_worker = acquire_parser_worker()
 
     def current_renderer(self) -> Renderer:
         """The engine renders until an in-process renderer has been verified against it (in the background)."""
@@ -594,7 +595,7 @@ def _admin_app(proxy: Proxy) -> FastAPI:
         yield
         watch.cancel()
         await proxy.engine.aclose()
-        await asyncio.to_thread(proxy.parser_worker.close)
+        await asyncio.to_thread(release_parser_worker, proxy.parser_worker)
 
     def admin(request: Request) -> None:
         if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {config.admin_token}"):

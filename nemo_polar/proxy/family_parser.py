@@ -3,9 +3,9 @@
 for every family's format, and the same reading of a sample that the engine's chat mode gives.
 
 They run in :mod:`nemo_polar.engine.parser_worker`, a process in the engine's virtualenv (importing vLLM takes
-about 10 s and 0.5 GB: one worker per proxy, started on first use). A :class:`FamilyStream` turns one sample's
-deltas (text and token ids: harmony reads the ids) into the proxy's parse events, as :class:`StreamParser` does for
-the formats parsed in process.
+about 10-20 s and 0.5 GB: one worker per process, shared by its proxies and started on first use). A
+:class:`FamilyStream` turns one sample's deltas (text and token ids: harmony reads the ids) into the proxy's parse
+events, as :class:`StreamParser` does for the formats parsed in process.
 """
 
 from __future__ import annotations
@@ -198,6 +198,34 @@ class ParserWorker:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+
+
+_shared_lock = threading.Lock()
+_shared: dict[Path | None, tuple[ParserWorker, int]] = {}
+
+
+def acquire_parser_worker(python: Path | None = None) -> ParserWorker:
+    """The process's parser worker for ``python``, shared by every proxy in the process (a worker costs ~20 s of
+    vLLM imports and 0.5 GB; its streams are keyed by ids it hands out, so proxies never see each other's)."""
+    with _shared_lock:
+        worker, holders = _shared.get(python, (None, 0))
+        worker = worker or ParserWorker(python)
+        _shared[python] = (worker, holders + 1)
+        return worker
+
+
+def release_parser_worker(worker: ParserWorker) -> None:
+    """The caller is done with ``worker``: the last holder's release stops it."""
+    with _shared_lock:
+        shared, holders = _shared.get(worker.python, (None, 0))
+        if shared is not worker:
+            worker.close()
+            return
+        if holders > 1:
+            _shared[worker.python] = (worker, holders - 1)
+            return
+        del _shared[worker.python]
+    worker.close()
 
 
 @dataclass
