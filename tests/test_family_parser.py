@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from nemo_polar.engine.launcher import engine_python
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.family_parser import (
     FamilyFormat,
@@ -115,20 +116,22 @@ def worker() -> Iterator[ParserWorker]:
 
 def test_the_proxies_of_a_process_share_one_parser_worker() -> None:
     """Every proxy in a process holds the same worker (one vLLM import, not one per proxy); the last release stops it
-    and the next proxy gets a fresh one."""
+    and the next proxy gets a fresh one. (Keyed by the interpreter named here, apart from the proxies other tests
+    in this process still hold.)"""
     fmt = FamilyFormat(str(cache_dir() / "models" / "tiny-qwen3"), "hermes", None)
     sample = 'Sure.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     ids = _tokenizer("tiny-qwen3").encode(sample, add_special_tokens=False)
-    first, second = acquire_parser_worker(), acquire_parser_worker()
+    python = engine_python()
+    first, second = acquire_parser_worker(python), acquire_parser_worker(python)
     assert first is second
     assert first.parse(fmt, sample, ids, tools=TOOLS)["tool_calls"][0]["name"] == "bash"
     proc = first._proc
     release_parser_worker(first)
-    assert acquire_parser_worker() is second and second._proc is proc  # still held: the same process
+    assert acquire_parser_worker(python) is second and second._proc is proc  # still held: the same process
     release_parser_worker(second)
     release_parser_worker(second)
     assert second._proc is None and proc is not None and proc.poll() is not None  # the last holder stopped it
-    fresh = acquire_parser_worker()
+    fresh = acquire_parser_worker(python)
     assert fresh is not second
     release_parser_worker(fresh)
 
