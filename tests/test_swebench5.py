@@ -71,14 +71,6 @@ def patches(images: dict[str, SWEInstance], tmp_path_factory: pytest.TempPathFac
     return {i: {"gold": inst.patch, "empty": "", "wrong": wrong_patch(inst, tmp / i)} for i, inst in images.items()}
 
 
-def grade_all(
-    images: dict[str, SWEInstance], patches: dict[str, dict[str, str]], runtime: str, log_dir: Path
-) -> dict[str, dict[str, GradeResult]]:
-    pairs = [(images[i], patch) for i, by_name in patches.items() for patch in by_name.values()]
-    results = iter(grade_many(pairs, runtime=runtime, log_dir=log_dir))
-    return {i: {name: next(results) for name in by_name} for i, by_name in patches.items()}
-
-
 class Grades:
     """Each task's gold, empty and wrong patch graded once per runtime, when a test first asks (the docker grades are
     shared with swebench's cross-check)."""
@@ -89,9 +81,10 @@ class Grades:
 
     def __call__(self, instance_id: str, runtime: str) -> dict[str, GradeResult]:
         if (instance_id, runtime) not in self.done:
-            one = {instance_id: self.patches[instance_id]}
-            logs = self.tmp / f"{runtime}-{instance_id}"
-            self.done[instance_id, runtime] = grade_all(self.images, one, runtime, logs)[instance_id]
+            by_name = self.patches[instance_id]
+            pairs = [(self.images[instance_id], patch) for patch in by_name.values()]
+            results = grade_many(pairs, runtime=runtime, log_dir=self.tmp / f"{runtime}-{instance_id}")
+            self.done[instance_id, runtime] = dict(zip(by_name, results, strict=True))
         return self.done[instance_id, runtime]
 
 
