@@ -104,17 +104,20 @@ docs: venv
 # docs/testing.md), within 40 of CI's 90 minutes. The time per module closes the log; per test and per fixture, and
 # Gym-style junit XML, are in $(TEST_LOG).
 TEST_LOG ?= $(POLAR_CACHE)/logs/test
+# Two worker processes, one per core (pytest-xdist): each takes a whole module at a time, the longest first
+# (tests/conftest.py). WORKERS= runs the suite in one process.
+WORKERS ?= -n 2 --dist loadscope --no-loadscope-reorder
 test:
 	@$(MAKE) --no-print-directory -j4 setup
 	@$(MAKE) --no-print-directory lint
-	POLAR_TEST_LOG=$(TEST_LOG) $(BIN)/pytest -q -m "not full" --durations=30 --junitxml=$(TEST_LOG)/junit.xml
+	POLAR_TEST_LOG=$(TEST_LOG) $(BIN)/pytest -q -m "not full" $(WORKERS) --durations=30 --junitxml=$(TEST_LOG)/junit.xml
 
 # The exhaustive matrices make test samples (-m full): every fixture request sampled on every family, every CLI behind
 # every front-end and runtime. Exits non-zero on any failure; run it before resolving an issue that touches a family,
 # a harness, a dialect or a front-end (docs/testing.md). make test and make test-full together are the whole suite.
 .PHONY: test-full
 test-full: setup
-	POLAR_TEST_LOG=$(TEST_LOG)-full $(BIN)/pytest -q -m full --durations=30 --junitxml=$(TEST_LOG)-full/junit.xml
+	POLAR_TEST_LOG=$(TEST_LOG)-full $(BIN)/pytest -q -m full $(WORKERS) --durations=30 --junitxml=$(TEST_LOG)-full/junit.xml
 
 # The make test lane beside two CPU-bound busy loops: verdicts must not depend on load (PYTEST_ARGS narrows it).
 .PHONY: test-loaded

@@ -42,7 +42,8 @@ def _start_engine(model: str) -> Iterator[str]:
 def pytest_configure(config: pytest.Config) -> None:
     from tests.helpers.durations import Durations
 
-    config.pluginmanager.register(Durations(), "polar-durations")
+    worker = getattr(config, "workerinput", {}).get("workerid")  # set in a pytest-xdist worker
+    config.pluginmanager.register(Durations(worker), "polar-durations")
 
 
 @pytest.fixture
@@ -162,13 +163,40 @@ def images() -> dict[str, Any]:
     return {i.instance_id: i for i in select_instances(TASKS)}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# make test runs in two worker processes, one per core (pytest-xdist): a worker takes a whole module at a time, so
+# module fixtures (a family's engine, sessions run ahead) start once, and the longest modules go first, so that the
+# workers end together; a module that reads another's session fixture (the scripted sessions) goes with it. The
+# measured times are in $POLAR_TEST_LOG/modules.tsv; the order only balances the workers, no verdict depends on it.
+LONGEST_FIRST = ("test_model_families", "test_patterns", "test_swebench5", "test_harness", "test_rewards", "test_gym")
+WITH_MODULE = {"test_token_entries": "test_harness"}  # reads test_harness's scripted sessions (scripted_sessions)
+
+
+def worker_unit(nodeid: str) -> str:
+    """What one worker runs whole: the test's module, or the module whose session fixture it reads."""
+    module = Path(nodeid.split("::", 1)[0]).stem
+    return WITH_MODULE.get(module, module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeModules(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_unit(nodeid)
+
+    return WholeModules(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests parametrized over a model family (the ``family`` fixture, one family's engine at a time) run family by
     family, whichever test function they belong to, so each family's engine starts once: their items are put back
-    into the same slots, grouped by family in order of first appearance."""
+    into the same slots, grouped by family in order of first appearance. In workers, the longest modules come first."""
     slots = [i for i, item in enumerate(items) if "family" in getattr(getattr(item, "callspec", None), "params", {})]
     chosen = [items[i] for i in slots]
     order = list(dict.fromkeys(item.callspec.params["family"] for item in chosen))  # type: ignore[attr-defined]
     grouped = sorted(chosen, key=lambda item: order.index(item.callspec.params["family"]))  # type: ignore[attr-defined]
     for slot, item in zip(slots, grouped, strict=True):
         items[slot] = item
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller schedules in this order
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(worker_unit(item.nodeid), len(rank)))

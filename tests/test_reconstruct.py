@@ -244,6 +244,10 @@ def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url
     assert report["mean_abs_logprob_delta"] < 0.05 and 0.0 <= report["kl_k3"] < 0.01
     shifted = trace.model_copy(update={"logprobs": [lp + 1.0 if lp is not None else None for lp in trace.logprobs]})
     assert recompute_logprobs([shifted], Path(model_dir))["mean_abs_logprob_delta"] > 0.9
+    # A model directory the worker cannot load is that call's clear error; the worker answers the next call.
+    with pytest.raises(RuntimeError, match="logprob recomputation failed"):
+        recompute_logprobs([trace], Path(model_dir) / "missing")
+    assert recompute_logprobs([trace], Path(model_dir))["tokens"] == 24
 
 
 # -- chat mode: the engine re-renders history, so a call merges only where its prompt provably extends the chain --

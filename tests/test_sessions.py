@@ -297,3 +297,38 @@ def test_the_engine_loads_the_forced_tokens_processor() -> None:
     assert (folder / f"{module}.py").is_file() and not (folder / "nemo_polar").exists()
     spec = EngineSpec(model="tiny-qwen3", extra_args=['--speculative-config={"method": "ngram"}'])
     assert "--logits-processors" not in spec.command()[0]
+
+
+def test_a_port_promised_to_another_process_is_not_handed_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes sharing a run directory (make test's two lanes, a bench beside the demo) never get the same
+    port while either may still be starting the server that binds it."""
+    import subprocess
+    import sys
+
+    from nemo_polar.engine import launcher
+
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path))
+    code = "from nemo_polar.engine.launcher import free_port; print(free_port())"
+    theirs = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    kernel_offers = iter([theirs, theirs, 1])  # the kernel offers their port again, then another
+
+    class Offered:
+        def __enter__(self) -> Offered:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(kernel_offers)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(launcher.socket, "socket", Offered)
+    assert launcher.free_port() == 1
+    held = json.loads((tmp_path / "run" / "ports.json").read_text())
+    assert set(held) == {str(theirs), "1"}
+    (tmp_path / "run" / "ports.json").write_text("not json")  # unreadable: this process's own still hold
+    kernel_offers = iter([1, 2])
+    assert launcher.free_port() == 2

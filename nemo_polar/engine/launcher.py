@@ -7,6 +7,7 @@ module only builds the command line, spawns it in its own process group and wait
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -45,20 +46,34 @@ def model_family(path: Path) -> dict[str, Any]:
 
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+PORT_HOLD_S = 600  # how long a port handed out stays promised: a server binds it within its start-up time
 
 
 def free_port() -> int:
     """A free loopback TCP port (for engines and servers started by tests, benches and the demo).
 
-    Never the same port twice in one process: the kernel may hand a just-released port out again, and two ports
-    asked for together (a proxy's model and admin listeners) must differ before either process binds them."""
-    with _handed_out_lock:
+    Never the same port twice in one process, nor to two processes sharing the run directory within
+    ``PORT_HOLD_S``: the kernel may hand a just-released port out again, and a port is only bound once its server
+    has started (an engine's, tens of seconds later), so every port promised is kept in ``run/ports.json`` under a
+    file lock until its hold ends."""
+    with _handed_out_lock, (run_dir() / "ports.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held_file = run_dir() / "ports.json"
+        now = time.time()
+        try:
+            held = {int(p): t for p, t in json.loads(held_file.read_text()).items() if t > now}
+        except (OSError, ValueError, AttributeError):
+            held = {}  # none yet, or unreadable: the in-process set still holds this process's own
         while True:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            if port not in _handed_out:
+            if port not in _handed_out and port not in held:
                 _handed_out.add(port)
+                held[port] = now + PORT_HOLD_S
+                tmp = held_file.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(held))
+                tmp.replace(held_file)
                 return port
 
 

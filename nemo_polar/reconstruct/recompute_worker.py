@@ -1,8 +1,11 @@
 """Recompute each trainable token's logprob under the same weights, as a trainer would, and compare with the
 engine's: the training/inference mismatch a user would otherwise discover only as a KL spike.
 
-Runs inside the engine virtualenv (it has torch and transformers), so it imports nothing from ``nemo_polar``:
-``python recompute_worker.py MODEL_DIR TRACES.jsonl`` prints one JSON object.
+Runs inside the engine virtualenv (it has torch and transformers), so it imports nothing from ``nemo_polar``. It
+serves JSON lines, one request per line on stdin and one reply per line on stdout, so that a process checking many
+sessions pays torch's and transformers' imports (~6 s of CPU) and each model's load once:
+``{"model_dir", "traces"}`` (a JSON-lines file of traces) -> ``{"ok": true, "report": {...}}`` or
+``{"ok": false, "error"}``. It writes ``{"ready": true}`` once its imports are done.
 
 Per trainable token, with r = logp_trainer - logp_engine: |Δ| = |r| and the k3 estimator of
 KL(engine || trainer) = exp(r) - 1 - r (unbiased, non-negative, for tokens sampled by the engine).
@@ -12,15 +15,36 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import traceback
+from typing import Any
+
+# The protocol owns a private copy of stdout; anything else that writes there (transformers' progress bars, native
+# code) goes to stderr, so a log line can never corrupt a reply.
+_OUT = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+_MODELS: dict[str, Any] = {}
 
 
-def main(model_dir: str, traces_path: str) -> dict[str, float | int]:
-    import torch
-    from transformers import AutoModelForCausalLM
+def _model(model_dir: str) -> Any:
+    """The model's weights as the directory holds them now (loaded again when its files changed: a weight sync)."""
+    stamp = max((e.stat().st_mtime_ns for e in os.scandir(model_dir) if e.is_file()), default=0)
+    cached = _MODELS.get(model_dir)
+    if cached is None or cached[0] != stamp:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.eval()
+        _MODELS[model_dir] = cached = (stamp, model)
+    return cached[1]
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
+
+def report(model_dir: str, traces_path: str) -> dict[str, float | int]:
+    model = _model(model_dir)
     deltas: list[float] = []
     k3: list[float] = []
     with open(traces_path, encoding="utf-8") as fh, torch.no_grad():
@@ -53,5 +77,16 @@ def main(model_dir: str, traces_path: str) -> dict[str, float | int]:
     }
 
 
+def serve() -> None:
+    _OUT.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+            reply: dict[str, Any] = {"ok": True, "report": report(msg["model_dir"], msg["traces"])}
+        except Exception as exc:  # one bad request is that request's error, not the worker's end
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+        _OUT.write(json.dumps(reply) + "\n")
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    serve()

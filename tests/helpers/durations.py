@@ -1,6 +1,8 @@
 """Where the suite's time goes, kept by every run: each test's setup, call and teardown, each fixture's setup, and
 the time per module, written to ``$POLAR_TEST_LOG`` (default ``$POLAR_CACHE/logs/test``) and the per-module table
-printed at the end, so whoever stops sees the budget (docs/testing.md)."""
+printed at the end, so whoever stops sees the budget (docs/testing.md). Under pytest-xdist (make test's two worker
+processes) the controller gets every test's report; each worker writes the fixtures it set up to a file of its own,
+which the controller merges, and the table's header gives the wall time beside the time in tests."""
 
 from __future__ import annotations
 
@@ -24,11 +26,15 @@ def log_dir() -> Path:
 
 
 class Durations:
-    def __init__(self) -> None:
+    def __init__(self, worker: str | None = None) -> None:
         self.started = time.monotonic()
+        self.worker = worker  # the pytest-xdist worker's id, None in the process that reports
         log_dir().mkdir(parents=True, exist_ok=True)
         self.running = log_dir() / "running.tsv"  # elapsed s, test s, test: one line per finished test
-        self.running.write_text("")
+        if worker is None:
+            self.running.write_text("")
+            for stale in log_dir().glob("fixtures-*.tsv"):
+                stale.unlink()
         self.tests: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES, 0.0))
         self.outcomes: dict[str, str] = {}
         self.fixtures: list[tuple[str, str, str, float]] = []  # (fixture, scope, first test that needed it, seconds)
@@ -41,14 +47,22 @@ class Durations:
         seconds = time.perf_counter() - t0
         self.fixtures.append((fixturedef.argname, fixturedef.scope, getattr(item, "nodeid", ""), seconds))
 
+    def pytest_sessionfinish(self) -> None:
+        if self.worker is not None:
+            with (log_dir() / f"fixtures-{self.worker}.tsv").open("w", newline="") as f:
+                csv.writer(f, delimiter="\t").writerows((*row[:3], f"{row[3]:.4f}") for row in self.fixtures)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.tests[report.nodeid][report.when] += report.duration
+        if self.worker is not None:
+            return  # the controller has the same report
+        nodeid = report.nodeid
+        self.tests[nodeid][report.when] += report.duration
         if report.when == "call" or report.outcome != "passed":
-            self.outcomes[report.nodeid] = report.outcome
+            self.outcomes[nodeid] = report.outcome
         if report.when == "teardown":  # as it goes: a run cut short by a time limit still says where its time went
-            phases = self.tests[report.nodeid]
+            phases = self.tests[nodeid]
             with self.running.open("a") as f:
-                f.write(f"{time.monotonic() - self.started:.0f}\t{sum(phases.values()):.2f}\t{report.nodeid}\n")
+                f.write(f"{time.monotonic() - self.started:.0f}\t{sum(phases.values()):.2f}\t{nodeid}\n")
 
     def per_module(self) -> list[tuple[str, int, float]]:
         modules: dict[str, list[float]] = defaultdict(list)
@@ -59,6 +73,10 @@ class Durations:
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
+        for part in sorted(out.glob("fixtures-*.tsv")):
+            with part.open(newline="") as f:
+                self.fixtures += [(a, b, c, float(d)) for a, b, c, d in csv.reader(f, delimiter="\t")]
+            part.unlink()
         with (out / "tests.tsv").open("w", newline="") as f:
             w = csv.writer(f, delimiter="\t")
             w.writerow(["test", "outcome", *PHASES, "total_s"])
@@ -77,14 +95,16 @@ class Durations:
             w.writerows((m, n, f"{s:.1f}") for m, n, s in self.per_module())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.tests:
+        if self.worker is not None or not self.tests:
             return
         out = log_dir()
         self.write(out)
         rows = self.per_module()
         total = sum(row[2] for row in rows)
         tr = terminalreporter
-        tr.write_sep("=", f"time per module ({total / 60:.1f} min in tests, {len(self.tests)} tests)")
+        wall = (time.monotonic() - self.started) / 60
+        head = f"time per module ({total / 60:.1f} min in tests, {len(self.tests)} tests, {wall:.1f} min wall)"
+        tr.write_sep("=", head)
         for module, count, seconds in rows:
             tr.write_line(f"{seconds / 60:7.1f} min {100 * seconds / total:5.1f}% {count:5d} tests  {module}")
         tr.write_line(f"per test and per fixture: {out}/tests.tsv, {out}/fixtures.tsv")
