@@ -357,6 +357,33 @@ def _gym_root(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gym_venvs(args: argparse.Namespace) -> int:
+    """Print the gym overrides that reuse prepared server venvs (nothing where Gym builds its own), a line per venv
+    on stderr."""
+    from nemo_polar.env.gym import ENVIRONMENTS, venvs
+
+    environments, venv_dir = args.environment or list(ENVIRONMENTS), args.venv_dir or Path.cwd()
+    try:
+        venvs.server_venvs(environments, venv_dir)  # the names checked first, whatever this Python
+    except venvs.VenvError as exc:
+        raise SystemExit(f"polar gym-venvs: {exc}") from None
+    if venvs.gym_builds_its_venvs():
+        print(
+            f"polar gym-venvs: Python {sys.version.split()[0]} meets nemo-gym's {venvs.gym_requires_python()}: "
+            "Gym builds its server venvs itself",
+            file=sys.stderr,
+        )
+        return 0
+    try:
+        done = venvs.prepare(environments, venv_dir)
+    except venvs.VenvError as exc:
+        raise SystemExit(f"polar gym-venvs: {exc}") from None
+    for server, how in done:
+        print(f"polar gym-venvs: {how} {server.path}", file=sys.stderr)
+    print(" ".join(venvs.gym_overrides(venv_dir)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from nemo_polar.env.gym import ENVIRONMENTS
     from nemo_polar.env.harness import HARNESSES
@@ -595,6 +622,23 @@ def build_parser() -> argparse.ArgumentParser:
     gym.add_argument("--wheel", action="store_true", help="build the wheel into $POLAR_CACHE/dist, print that dir")
     gym.add_argument("--wheel-dir", type=Path, metavar="DIR", help="build the wheel into DIR instead (implies --wheel)")
     gym.set_defaults(func=_gym_root)
+
+    gvenvs = sub.add_parser(
+        "gym-venvs",
+        help="prepare the server venvs `gym env start` runs, on a Python older than nemo-gym's marker",
+        description="On a Python older than nemo-gym's Requires-Python (uv will not install nemo-gym there), put a "
+        "venv of this environment where Gym looks for each server's venv (the Polar agent, the native server, "
+        "Gym's legacy_agent relay), reusing those that import what their server needs, and print the gym "
+        "overrides that make Gym reuse them (++skip_venv_if_present=true). On a Python that meets the marker, "
+        "print nothing: Gym builds its venvs itself. Use it as `gym env start ... $(polar gym-venvs ...)`.",
+    )
+    gvenvs.add_argument(
+        "--environment", action="append", metavar="NAME", help="a polar_* environment (repeatable; default: all)"
+    )
+    gvenvs.add_argument(
+        "--venv-dir", type=Path, metavar="DIR", help="Gym's uv_venv_dir (default: the working directory, as Gym's)"
+    )
+    gvenvs.set_defaults(func=_gym_venvs)
 
     harness = sub.add_parser("harness", help="the pinned coding CLIs")
     hsub = harness.add_subparsers(dest="action", required=True)

@@ -25,9 +25,9 @@ from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.openai_utils import NeMoGymResponseOutputMessageForTraining
 
 from nemo_polar.env.episode import Episode
-from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
+from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root, scripted_variant
 from nemo_polar.env.gym.agent import PolarAgentConfig
-from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, instance_from_row
+from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, example_tasks, instance_from_row
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
@@ -201,6 +201,11 @@ def test_shipped_example_data_are_the_bundled_instances(env: str) -> None:
     path = gym_root() / "environments" / env / "data" / "example.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == example_rows(agent_name(env))  # regenerate with nemo_polar.env.gym.write_example_data()
+    tasks = [json.loads(line) for line in (path.parent / "example_tasks.jsonl").read_text().splitlines()]
+    assert tasks == example_tasks(env, agent_name(env))
+    assert [t["task_input"] for t in tasks] == [{k: v for k, v in r.items() if k != "agent_ref"} for r in rows]
+    # the scripted variant (`--environment <env>/scripted`); regenerate with nemo_polar.env.gym.write_variants()
+    assert (path.parents[1] / "scripted.yaml").read_text() == scripted_variant(env)
     by_id = {i.instance_id: i for i in bundled_instances()}
     for row in rows:
         BaseRunRequest.model_validate(row)  # Gym accepts the row

@@ -33,13 +33,43 @@ def agent_name(env: str) -> str:
 
 
 def write_example_data(root: Path | None = None) -> list[Path]:
-    """Regenerate every environment's ``data/example.jsonl`` from the bundled instances."""
-    from nemo_polar.env.gym.rows import example_rows
+    """Regenerate every environment's ``data/example.jsonl`` (rows for its agent) and ``data/example_tasks.jsonl``
+    (the same as materialized tasks, for its native server) from the bundled instances."""
+    from nemo_polar.env.gym.rows import example_rows, example_tasks
 
     written = []
     for env in ENVIRONMENTS:
-        path = (root or gym_root()) / "environments" / env / "data" / "example.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(row) + "\n" for row in example_rows(agent_name(env))))
+        data = (root or gym_root()) / "environments" / env / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        for name, rows in (
+            ("example", example_rows(agent_name(env))),
+            ("example_tasks", example_tasks(env, agent_name(env))),
+        ):
+            path = data / f"{name}.jsonl"
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            written.append(path)
+    return written
+
+
+def scripted_variant(env: str) -> str:
+    """``environments/<env>/scripted.yaml``: the environment with the instances' scripted policy turns, for the tiny
+    random-weight models (``gym env start --environment <env>/scripted``): the engine samples the script's tokens, so
+    ids and logprobs are real and the CLI solves the task."""
+    agent, native = agent_name(env), f"{env}_native"
+    return (
+        f"# {env} with the scripted policy: each instance's written turns are what the engine samples (real ids\n"
+        "# and logprobs; the tiny models of `make setup` solve the bundled tasks this way). The rest is config.yaml.\n"
+        f"config_paths: [environments/{env}/config.yaml]\n"
+        f"{agent}: {{responses_api_agents: {{polar_agent: {{scripted: true}}}}}}\n"
+        f"{native}: {{environment_servers: {{polar_env: {{scripted: true}}}}}}\n"
+    )
+
+
+def write_variants(root: Path | None = None) -> list[Path]:
+    """Regenerate every environment's ``scripted.yaml``."""
+    written = []
+    for env in ENVIRONMENTS:
+        path = (root or gym_root()) / "environments" / env / "scripted.yaml"
+        path.write_text(scripted_variant(env))
         written.append(path)
     return written

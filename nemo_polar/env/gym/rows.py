@@ -66,3 +66,14 @@ def example_row(
 
 def example_rows(agent_name: str, shape: Shape = "polar") -> list[dict[str, Any]]:
     return [example_row(inst, agent_name, shape) for inst in bundled_instances()]
+
+
+def example_tasks(env: str, agent_name: str) -> list[dict[str, Any]]:
+    """The example rows as materialized tasks of the taskset ``env``, the form Gym's rollout collection sends to a
+    native environment server (``{"task_id": {"taskset", "task_id"}, "task_input": <row>}``; the route to the
+    server is ``environment_server_routes``, not the row's)."""
+    tasks = []
+    for row in example_rows(agent_name):
+        task_input = {k: v for k, v in row.items() if k != "agent_ref"}
+        tasks.append({"task_id": {"taskset": env, "task_id": row["instance_id"]}, "task_input": task_input})
+    return tasks
