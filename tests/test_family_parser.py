@@ -125,12 +125,12 @@ def test_the_proxies_of_a_process_share_one_parser_worker() -> None:
     first, second = acquire_parser_worker(python), acquire_parser_worker(python)
     assert first is second
     assert first.parse(fmt, sample, ids, tools=TOOLS)["tool_calls"][0]["name"] == "bash"
-    proc = first._proc
+    proc = first.process._proc
     release_parser_worker(first)
-    assert acquire_parser_worker(python) is second and second._proc is proc  # still held: the same process
+    assert acquire_parser_worker(python) is second and second.process._proc is proc  # still held: the same process
     release_parser_worker(second)
     release_parser_worker(second)
-    assert second._proc is None and proc is not None and proc.poll() is not None  # the last holder stopped it
+    assert second.process._proc is None and proc is not None and proc.poll() is not None  # the last holder stopped it
     fresh = acquire_parser_worker(python)
     assert fresh is not second
     release_parser_worker(fresh)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.engine.launcher import engine_python
+from nemo_polar.engine.worker_process import WorkerProcess, WorkerProcessError
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
@@ -55,8 +54,7 @@ def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
     return [c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None for c in calls]
 
 
-class ParserWorkerError(RuntimeError):
-    pass
+ParserWorkerError = WorkerProcessError  # what a parse that the worker could not do raises
 
 
 @dataclass(frozen=True)
@@ -118,33 +116,11 @@ class ParserWorker:
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = python
-        self._proc: subprocess.Popen[str] | None = None
-        self._lock = threading.Lock()
+        self.process = WorkerProcess(WORKER, "parser worker", python)
         self._ids = itertools.count()
 
-    def _start(self) -> subprocess.Popen[str]:
-        if self._proc is None or self._proc.poll() is not None:
-            cmd = [str(self.python or engine_python()), str(WORKER)]
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-            assert proc.stdout is not None
-            ready = proc.stdout.readline()
-            if not ready:
-                raise ParserWorkerError(f"the parser worker exited on start ({cmd[0]}: is vLLM installed there?)")
-            self._proc = proc
-        return self._proc
-
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        with self._lock:
-            proc = self._start()
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-            line = proc.stdout.readline()
-        if not line:
-            raise ParserWorkerError("the parser worker exited")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise ParserWorkerError(reply.get("error", "the parser worker failed"))
-        return reply
+        return self.process.call({"op": op, **fields})
 
     def new_id(self) -> str:
         return f"s{next(self._ids)}"
@@ -189,15 +165,7 @@ class ParserWorker:
         return FamilyStream(self, sid, reply["sampling"]["skip_special_tokens"], fmt.tool_parser)
 
     def close(self) -> None:
-        if self._proc is not None:
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+        self.process.close()
 
 
 _shared_lock = threading.Lock()

@@ -18,7 +18,10 @@ import math
 import os
 import sys
 import traceback
+import warnings
 from typing import Any
+
+warnings.simplefilter("ignore")  # torch's and transformers' deprecation notices are not the report
 
 # The protocol owns a private copy of stdout; anything else that writes there (transformers' progress bars, native
 # code) goes to stderr, so a log line can never corrupt a reply.
