@@ -67,25 +67,11 @@ task-env:
 	@$(STEP) task-env bash scripts/setup_task_env.sh
 
 # NeMo Gym 0.7.0 for the Gym environment (nemo_polar/env/gym). Its metadata requires Python >=3.13.14, but the
-# pure-Python wheel imports and serves fine on 3.11, so it is fetched as for 3.13.14 and installed past the check;
-# scipy is capped at the last release with cp311 wheels (newer ones build from source). Skipped once 0.7.0 imports.
+# pure-Python wheel imports and serves fine on 3.11 (scripts/install_gym.sh: how it is installed past the check).
 NEMO_GYM_VERSION := 0.7.0
 .PHONY: gym
 gym: venv
-	@$(STEP) gym $(MAKE) --no-print-directory gym-install
-
-.PHONY: gym-install
-gym-install:
-	@if $(BIN)/python -c 'import sys, nemo_gym; sys.exit(nemo_gym.__version__ != "$(NEMO_GYM_VERSION)")' \
-		2>/dev/null; then \
-		echo "nemo-gym $(NEMO_GYM_VERSION) (cached)"; \
-	else \
-		$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.13.14 \
-			-d $(POLAR_CACHE)/wheels nemo-gym==$(NEMO_GYM_VERSION) && \
-		$(BIN)/pip install --quiet --prefer-binary --ignore-requires-python \
-			$(POLAR_CACHE)/wheels/nemo_gym-$(NEMO_GYM_VERSION)-py3-none-any.whl "scipy>=1.14.1,<1.17" && \
-		echo "nemo-gym $(NEMO_GYM_VERSION)"; \
-	fi
+	@$(STEP) gym bash scripts/install_gym.sh $(NEMO_GYM_VERSION)
 
 lint: venv
 	$(BIN)/ruff check .

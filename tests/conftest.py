@@ -23,6 +23,7 @@ from nemo_polar.env.patterns import HARNESS_ORDER
 from nemo_polar.proxy.app import ProxyApps, ProxyConfig
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.serve import ProxyServer
+from tests.helpers.clients import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 # The harnesses with a Polar environment (polar_<harness>): the paper's four, then those added since.
@@ -63,7 +64,7 @@ def engine_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def model_dir(engine_url: str) -> str:
     """The shared engine's model directory (its tokenizer and template)."""
-    return httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
+    return loopback.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ class ProxyHandle:
         """An admin API call with the admin token."""
         kw.setdefault("timeout", 10)
         headers = {"authorization": f"Bearer {self.admin_token}", **kw.pop("headers", {})}
-        return httpx.request(method, f"{self.admin_url}{path}", headers=headers, **kw)
+        return loopback.request(method, f"{self.admin_url}{path}", headers=headers, **kw)
 
     def session(self, **config: Any) -> dict[str, str]:
         resp = self.admin("POST", "/polar/sessions", json=config)
@@ -110,7 +111,7 @@ class ProxyHandle:
         headers = {"authorization": f"Bearer {session['api_key']}"}
         deadline = time.monotonic() + timeout_s
         while self.apps.proxy.renderer.name != "local":
-            httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=60).raise_for_status()
+            loopback.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=60).raise_for_status()
             assert time.monotonic() < deadline, "the proxy never adopted its local renderer"
             time.sleep(0.2)
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.proxy.serve import BackgroundServer as Server
 from tests.conftest import ProxyHandle, free_port, make_proxy
-from tests.helpers.clients import anthropic_client, openai_client
+from tests.helpers.clients import anthropic_client, loopback, openai_client
 
 CHAT = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -33,7 +33,7 @@ def post(proxy: ProxyHandle, key: str | None, path: str, body: Any, **headers: s
     hdrs = {"content-type": "application/json", **headers}
     if key:
         hdrs["authorization"] = f"Bearer {key}"
-    return httpx.post(f"{proxy.url}{path}", content=data, headers=hdrs, timeout=60)
+    return loopback.post(f"{proxy.url}{path}", content=data, headers=hdrs, timeout=60)
 
 
 BAD_REQUESTS = {
@@ -109,7 +109,7 @@ def test_unknown_key_is_401_and_creates_nothing(proxy: ProxyHandle) -> None:
     for path, body in (("/v1/chat/completions", CHAT), ("/v1/responses", {"model": "local-model", "input": "x"})):
         resp = post(proxy, "sk-unknown", path, body)
         assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
-    resp = httpx.post(f"{proxy.url}/v1/messages", headers={"x-api-key": "nope"}, json={}, timeout=10)
+    resp = loopback.post(f"{proxy.url}/v1/messages", headers={"x-api-key": "nope"}, json={}, timeout=10)
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
     assert post(proxy, None, "/v1/chat/completions", CHAT).status_code == 401
     assert len(proxy.apps.proxy.sessions) == before
@@ -260,7 +260,7 @@ def test_engine_dying_mid_stream(faulty: ProxyHandle, stream: bool) -> None:
 def test_keepalives_while_the_engine_is_silent(faulty: ProxyHandle) -> None:
     session = faulty.session()
     body = {"model": "local-model", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-    with httpx.stream(
+    with loopback.stream(
         "POST", f"{faulty.url}/v1/messages", json=body, headers={"x-api-key": session["api_key"]}, timeout=30
     ) as resp:
         raw = "".join(resp.iter_text())
@@ -285,7 +285,7 @@ def test_openai_keepalives_are_sse_comments(faulty: ProxyHandle) -> None:
     session = faulty.session()
     body = {**CHAT, "stream": True}
     headers = {"authorization": f"Bearer {session['api_key']}"}
-    with httpx.stream("POST", f"{faulty.url}/v1/chat/completions", json=body, headers=headers, timeout=30) as resp:
+    with loopback.stream("POST", f"{faulty.url}/v1/chat/completions", json=body, headers=headers, timeout=30) as resp:
         raw = "".join(resp.iter_text())
     assert ": keep-alive\n\n" in raw and raw.rstrip().endswith("data: [DONE]")
     client = openai_client(faulty, session["api_key"])
@@ -304,7 +304,7 @@ def test_a_silent_engine_sends_nothing_a_gemini_client_cannot_parse(faulty: Prox
     session = faulty.session()
     url = f"{faulty.url}/v1beta/models/local-model:streamGenerateContent?alt=sse"
     body = {"contents": [{"role": "user", "parts": [{"text": "x"}]}]}
-    with httpx.stream("POST", url, json=body, headers={"x-goog-api-key": session["api_key"]}, timeout=30) as resp:
+    with loopback.stream("POST", url, json=body, headers={"x-goog-api-key": session["api_key"]}, timeout=30) as resp:
         raw = "".join(resp.iter_text())
     frames = []
     while match := GENAI_FRAME.match(raw):

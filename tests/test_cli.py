@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from nemo_polar.engine.launcher import stop_group, wait_healthy
 from tests.conftest import free_port
+from tests.helpers.clients import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 60, proc)
-        resp = httpx.post(
+        resp = loopback.post(
             f"{url}/v1/chat/completions",
             headers={"authorization": "Bearer sk-cli"},
             json={"model": "local-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
@@ -54,11 +54,11 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
         assert lines[1].startswith(f"admin API  http://127.0.0.1:{admin_port}")
         token = lines[2].split()[2]
         admin = f"http://127.0.0.1:{admin_port}/health"
-        assert httpx.get(admin, timeout=10).status_code == 401
-        state = httpx.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).json()
+        assert loopback.get(admin, timeout=10).status_code == 401
+        state = loopback.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).json()
         assert state["sessions"] == 1 and state["paused"] is False  # the --api-key session
         assert (
-            httpx.get(f"{url}/polar/sessions/x/records", headers={"authorization": f"Bearer {token}"}).status_code
+            loopback.get(f"{url}/polar/sessions/x/records", headers={"authorization": f"Bearer {token}"}).status_code
             == 404
         )
     finally:
@@ -108,7 +108,7 @@ def test_the_proxys_listeners_hold_distinct_ports_from_construction() -> None:
         with socket.socket() as other, pytest.raises(OSError):
             other.bind(("127.0.0.1", port))
     with server:
-        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+        assert loopback.get(server.url + "/health", timeout=5).status_code == 200
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -139,8 +139,8 @@ def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> Non
         try:
             wait_healthy(f"http://127.0.0.1:{port}", 60, proc, name="polar proxy")
             admin = f"http://127.0.0.1:{admin_port}/health"
-            assert httpx.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).status_code == 200, way
-            assert httpx.get(admin, headers={"authorization": "Bearer other"}, timeout=10).status_code == 401, way
+            assert loopback.get(admin, headers={"authorization": f"Bearer {token}"}, timeout=10).status_code == 200, way
+            assert loopback.get(admin, headers={"authorization": "Bearer other"}, timeout=10).status_code == 401, way
             argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
             assert (token in argv) == (way == "argv"), way
         finally:

@@ -13,11 +13,10 @@ import json
 import re
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ProxyHandle
-from tests.helpers.clients import anthropic_client, openai_client
+from tests.helpers.clients import anthropic_client, loopback, openai_client
 
 EOT = 151645
 REASONING = "Let me look."
@@ -48,7 +47,7 @@ def engine_render(engine_url: str, messages: list[dict[str, Any]], tools: Any = 
     body = {"model": "tiny-qwen3", "messages": messages, "add_generation_prompt": True}
     if tools:
         body["tools"] = tools
-    return httpx.post(f"{engine_url}/tokenize", json=body, timeout=30).json()["tokens"]
+    return loopback.post(f"{engine_url}/tokenize", json=body, timeout=30).json()["tokens"]
 
 
 def assert_extends(parent: dict[str, Any], child: dict[str, Any]) -> list[int]:
@@ -106,7 +105,7 @@ def test_chat_two_calls_token_exact(proxy: ProxyHandle, engine_url: str) -> None
     assert full[-len(tail) :] == tail
     # The proxy tokenized only what the second render appended (and its ids are the engine's, just checked).
     assert r1["tokenize"] == "full:first" and r2["tokenize"].startswith("tail:"), (r1["tokenize"], r2["tokenize"])
-    assert httpx.post(f"{engine_url}/detokenize", json={"tokens": tail}).json()["prompt"] == (
+    assert loopback.post(f"{engine_url}/detokenize", json={"tokens": tail}).json()["prompt"] == (
         "\n<|im_start|>user\n<tool_response>\nREADME.md\nhello.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
     # Where the engine sampled a non-canonical tokenisation, re-rendering the history would have differed.
@@ -180,7 +179,7 @@ def test_responses_namespace_tool_calls_and_agent_messages(proxy: ProxyHandle, e
     inputs: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "delegate"}]
     body = {"model": "local-model", "input": inputs, "tools": tools, "stream": True, "store": False}
     headers = {"authorization": f"Bearer {session['api_key']}"}
-    with httpx.stream("POST", f"{proxy.url}/v1/responses", json=body, headers=headers, timeout=60) as resp:
+    with loopback.stream("POST", f"{proxy.url}/v1/responses", json=body, headers=headers, timeout=60) as resp:
         events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     items = [e["item"] for e in events if e["type"] in ("response.output_item.added", "response.output_item.done")]
     assert [(i["type"], i["name"], i.get("namespace")) for i in items] == [
@@ -197,11 +196,11 @@ def test_responses_namespace_tool_calls_and_agent_messages(proxy: ProxyHandle, e
         {"type": "function_call_output", "call_id": call["call_id"], "output": '{"task_name": "/root/read_calc"}'},
         {"type": "agent_message", "author": "/root/read_calc", "recipient": "/root", "content": report},
     ]
-    resp = httpx.post(f"{proxy.url}/v1/responses", json={**body, "stream": False}, headers=headers, timeout=60)
+    resp = loopback.post(f"{proxy.url}/v1/responses", json={**body, "stream": False}, headers=headers, timeout=60)
     assert resp.status_code == 200, resp.text
     first, second = proxy.records(session["session_id"])
     tail = assert_extends(first, second)
-    text = httpx.post(f"{engine_url}/detokenize", json={"model": "tiny-qwen3", "tokens": tail}, timeout=30)
+    text = loopback.post(f"{engine_url}/detokenize", json={"model": "tiny-qwen3", "tokens": tail}, timeout=30)
     assert (
         "<|im_start|>user\nMessage Type: FINAL_ANSWER\nSender: /root/read_calc\nPayload:\nadd returns a - b."
         in (text.json()["prompt"])

@@ -16,7 +16,6 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import Field
 
@@ -28,7 +27,7 @@ from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ENV_HARNESSES, ProxyHandle, make_proxy
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 from tests.helpers.lanes import lane
 
 VERSION = 3  # the proxy's policy version; the probe tries to re-stamp 999
@@ -190,11 +189,11 @@ def test_admin_api_wants_its_token_and_the_model_api_serves_none_of_it(tmp_path:
         ]
         for method, path, body in routes:
             for auth in ("", "Bearer wrong-token", f"Bearer {session['api_key']}"):
-                resp = httpx.request(method, f"{proxy.admin_url}{path}", json=body, headers={"authorization": auth})
+                resp = loopback.request(method, f"{proxy.admin_url}{path}", json=body, headers={"authorization": auth})
                 assert resp.status_code == 401, (method, path, auth)
                 assert resp.json()["error"]["message"].startswith("the admin API requires the admin token")
             for auth in ("", "Bearer the-admin-token", f"Bearer {session['api_key']}"):
-                resp = httpx.request(method, f"{proxy.url}{path}", json=body, headers={"authorization": auth})
+                resp = loopback.request(method, f"{proxy.url}{path}", json=body, headers={"authorization": auth})
                 if path == "/health":
                     assert resp.json() == {"status": "ok"}
                 else:
@@ -293,9 +292,9 @@ def test_run_session_closes_its_proxy_session_on_every_exit(
             with pytest.raises((ValueError, OSError), match=r"bad config|exec failed"):
                 run_session(harness, task, get_runtime("bwrap"), client, tmp_path / "s", script=script)
         [(session_id, key)] = client.made
-        resp = httpx.get(f"{proxy.url}/v1/models", headers={"authorization": f"Bearer {key}"})
+        resp = loopback.get(f"{proxy.url}/v1/models", headers={"authorization": f"Bearer {key}"})
         assert resp.status_code == 200  # /v1/models needs no key; the model call below does
-        call = httpx.post(
+        call = loopback.post(
             f"{proxy.url}/v1/chat/completions",
             json={"model": "local-model", "messages": [{"role": "user", "content": "hi"}]},
             headers={"authorization": f"Bearer {key}"},

@@ -12,7 +12,7 @@ import random
 import uuid
 from typing import Any
 
-import httpx
+from tests.helpers.clients import loopback
 
 PROMPT_TOKENS = 6_000
 TOP = 5
@@ -22,7 +22,7 @@ RESCORE_BOUND = 0.05
 
 def _first_position(engine_url: str, prompt: list[int], salt: str) -> dict[str, Any]:
     """The greedy first token and its top-k logprobs, keyed by token id (text keys can collide)."""
-    choice = httpx.post(
+    choice = loopback.post(
         f"{engine_url}/v1/completions",
         json={
             "model": "tiny-qwen3",

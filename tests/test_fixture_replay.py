@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ProxyHandle, all_fixtures, load_fixture
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 from tests.helpers.lanes import lane
 from tests.helpers.replay import assert_engine_sampled, path_model, send_fixture
 
@@ -56,7 +55,7 @@ def test_fixture_prompt_is_the_engine_render(proxy: ProxyHandle, engine_url: str
     body = fixture["body"]
     client.chat.completions.create(model=body["model"], messages=body["messages"], extra_body={"tools": body["tools"]})
     rec = proxy.records(session["session_id"])[0]
-    rendered = httpx.post(
+    rendered = loopback.post(
         f"{engine_url}/tokenize",
         json={
             "model": "tiny-qwen3",

@@ -14,6 +14,7 @@ import pytest
 
 from nemo_polar.proxy.apis import gemini
 from tests.conftest import ProxyHandle, load_fixture
+from tests.helpers.clients import loopback
 
 pytestmark = pytest.mark.engine
 
@@ -126,7 +127,7 @@ def test_bad_input_gets_a_google_shaped_error_and_a_record(
     proxy: ProxyHandle, path: str, body: dict[str, Any], status: int, google_status: str, says: str
 ) -> None:
     session = proxy.session()
-    resp = httpx.post(f"{proxy.url}{path}", json=body, headers={"x-goog-api-key": session["api_key"]}, timeout=30)
+    resp = loopback.post(f"{proxy.url}{path}", json=body, headers={"x-goog-api-key": session["api_key"]}, timeout=30)
     assert resp.status_code == status
     error = resp.json()["error"]
     assert error["code"] == status and error["status"] == google_status and says in error["message"]
@@ -134,7 +135,7 @@ def test_bad_input_gets_a_google_shaped_error_and_a_record(
     if status == 400:  # a model call that did not parse: failed, and kept
         [rec] = records
         assert not rec["complete"] and says in rec["error"] and rec["request"]["contents"] == body["contents"]
-    unauthenticated = httpx.post(f"{proxy.url}{STREAM}", json=body, headers={"x-goog-api-key": "nope"}, timeout=30)
+    unauthenticated = loopback.post(f"{proxy.url}{STREAM}", json=body, headers={"x-goog-api-key": "nope"}, timeout=30)
     assert unauthenticated.status_code == 401 and unauthenticated.json()["error"]["status"] == "UNAUTHENTICATED"
 
 

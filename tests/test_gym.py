@@ -31,6 +31,7 @@ from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, ex
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
+from tests.helpers.clients import loopback
 from tests.helpers.demo import DIALECT_ENVS
 from tests.helpers.gym import make_agent
 from tests.helpers.lanes import lane
@@ -183,12 +184,12 @@ def test_app_py_serves_the_agent_the_way_gym_launches_it(monkeypatch: pytest.Mon
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "app.py exited"
             assert time.monotonic() < deadline, "the agent did not come up"
             try:
-                if httpx.get(f"{url}/health").status_code == 200:
+                if loopback.get(f"{url}/health").status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        assert httpx.post(f"{url}/v1/responses", json={"input": "x"}).status_code == 501
-        resp = httpx.post(f"{url}/run", json={"responses_create_params": {"input": "fix it"}})
+        assert loopback.post(f"{url}/v1/responses", json={"input": "x"}).status_code == 501
+        resp = loopback.post(f"{url}/run", json={"responses_create_params": {"input": "fix it"}})
         assert resp.status_code == 422 and "no instance_id" in resp.text
     finally:
         proc.terminate()

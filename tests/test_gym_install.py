@@ -39,6 +39,7 @@ from nemo_polar.engine.launcher import free_port
 from nemo_polar.env.gym import agent_name, gym_root
 from nemo_polar.env.gym.wheel import build_wheel, checkout_version, requirement
 from nemo_polar.paths import cache_dir, source_dir
+from tests.helpers.clients import loopback
 from tests.helpers.lanes import FULL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +213,7 @@ def wait_up(proc: subprocess.Popen[Any], port: int, log: Path) -> str:
         assert proc.poll() is None, f"the server exited:\n{tail(log)}"
         assert time.monotonic() - started < 1500, f"the server did not come up:\n{tail(log)}"
         try:  # Gym's own readiness check (ServerClient.poll_for_status): any HTTP answer at the server's URL
-            httpx.get(url, timeout=5)
+            loopback.get(url, timeout=5)
             print(f"venv built and server up in {time.monotonic() - started:.0f}s")
             return url
         except httpx.HTTPError:
@@ -267,7 +268,7 @@ def serve_and_run(proc: subprocess.Popen[Any], port: int, venv: Path, log: Path,
     row = next(r for r in map(json.loads, rows) if r["instance_id"] == INSTANCE)
     assert row["agent_ref"]["name"] == agent_name("polar_pi")
     started = time.monotonic()
-    resp = httpx.post(f"{url}/run", json=row, timeout=600)
+    resp = loopback.post(f"{url}/run", json=row, timeout=600)
     print(f"/run in {time.monotonic() - started:.0f}s")
     assert resp.status_code == 200, f"{resp.text}\n{tail(log)}"
     result = resp.json()
@@ -333,7 +334,7 @@ def test_gym_builds_the_native_environment_servers_venv_and_it_runs_an_episode(
         url = wait_up(proc, port, log_path)
         inst = next(i for i in bundled_instances() if i.instance_id == INSTANCE)
         body = episode_request(example_row(inst, NATIVE, "anyswe"), "r-7")  # as Gym's rollout collection posts it
-        resp = httpx.post(f"{url}/run", json=body, timeout=600)
+        resp = loopback.post(f"{url}/run", json=body, timeout=600)
     assert resp.status_code == 200, f"{resp.text}\n{tail(log_path)}"
     episode = resp.json()
     assert episode["failure"] is None and episode["episode_id"] == {"rollout_id": "r-7", "attempt": 0}, episode

@@ -27,7 +27,7 @@ from nemo_polar.proxy.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
 from nemo_polar.proxy.records import STAGES
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle, make_proxy
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 
 HOLD_S = 0.6
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -141,7 +141,7 @@ def test_a_client_that_leaves_mid_stream_is_counted_as_disconnected(fresh: tuple
     proxy, _ = fresh
     key = proxy.session(sampling_overrides={"max_tokens": 3000}, extra_body={"ignore_eos": True})["api_key"]
     body = {"model": "local-model", "messages": [{"role": "user", "content": "Write."}], "stream": True}
-    with httpx.stream(
+    with loopback.stream(
         "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=60
     ) as resp:
         assert resp.status_code == 200
@@ -167,13 +167,13 @@ def _delta_text(line: str) -> str:
 def test_metrics_are_on_the_admin_listener_behind_its_token(tmp_path: Path) -> None:
     # /metrics never touches the engine: an unreachable engine URL is enough here
     for proxy in make_proxy("http://127.0.0.1:9", tmp_path, admin_token="s3cret-token"):
-        assert httpx.get(f"{proxy.admin_url}/metrics").status_code == 401
-        assert httpx.get(f"{proxy.admin_url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert loopback.get(f"{proxy.admin_url}/metrics").status_code == 401
+        assert loopback.get(f"{proxy.admin_url}/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
         m = scrape(proxy)
         assert value(m, "polar_sessions") == 0 and value(m, "polar_engine_busy_seconds_total") == 0
         # The model listener, the one sandboxes reach, serves no metrics with or without the token.
         for headers in ({}, {"authorization": "Bearer s3cret-token"}):
-            assert httpx.get(f"{proxy.url}/metrics", headers=headers).status_code == 404
+            assert loopback.get(f"{proxy.url}/metrics", headers=headers).status_code == 404
 
 
 def test_the_event_loop_lag_histogram_sees_a_blocked_loop() -> None:

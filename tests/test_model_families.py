@@ -28,7 +28,7 @@ from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import EngineRenderer
 from tests.conftest import ProxyHandle, _start_engine, all_fixtures, load_fixture, make_proxy
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 from tests.helpers.demo import run_demo
 from tests.helpers.lanes import lane
 from tests.helpers.replay import assert_engine_sampled, send_fixture
@@ -193,7 +193,7 @@ def _probed(handle: ProxyHandle) -> TemplateTraits | None:
     """What the proxy's probe found (it runs on the first request)."""
     session = handle.session(sampling_overrides={"max_tokens": 1})
     chat = {"model": "local-model", "messages": [{"role": "user", "content": "hi"}]}
-    httpx.post(
+    loopback.post(
         f"{handle.url}/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {session['api_key']}"}
     ).raise_for_status()
     return handle.apps.proxy._traits
@@ -201,7 +201,7 @@ def _probed(handle: ProxyHandle) -> TemplateTraits | None:
 
 def _post(handle: ProxyHandle, api_key: str, fixture: dict[str, Any]) -> httpx.Response:
     headers = {"authorization": f"Bearer {api_key}", "x-api-key": api_key}
-    return httpx.post(f"{handle.url}{fixture['path']}", json=fixture["body"], headers=headers, timeout=120)
+    return loopback.post(f"{handle.url}{fixture['path']}", json=fixture["body"], headers=headers, timeout=120)
 
 
 def test_a_conversation_the_template_refuses_is_a_400_with_a_record(qwen3_5: ProxyHandle) -> None:
@@ -565,7 +565,7 @@ def _demo_on(
     from transformers import AutoTokenizer
 
     envs = run_demo(served.engine, tmp_path, monkeypatch, capsys, envs)
-    root = httpx.get(f"{served.engine}/v1/models", timeout=10).json()["data"][0]["root"]
+    root = loopback.get(f"{served.engine}/v1/models", timeout=10).json()["data"][0]["root"]
     tok = AutoTokenizer.from_pretrained(root)
     for env in envs:
         [records] = (tmp_path / env).glob("*/records.jsonl")
@@ -875,7 +875,7 @@ def test_a_non_streamed_llama3_json_call_is_parsed_whole(serve: OneFamilyAtATime
     session = proxy.session(script=[call], sampling_overrides={"max_tokens": 64})
     headers = {"Authorization": f"Bearer {session['api_key']}"}
     body = {"model": "local-model", "messages": LIST_FILES, "tools": [BASH]}
-    resp = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    resp = loopback.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert resp.status_code == 200, resp.text
     [choice] = resp.json()["choices"]
     [call] = choice["message"]["tool_calls"]
@@ -891,7 +891,7 @@ def test_a_turn_the_template_cannot_write_is_a_clear_error(serve: OneFamilyAtATi
     session = proxy.session(script=[{"tool_calls": calls}])
     headers = {"Authorization": f"Bearer {session['api_key']}"}
     body = {"model": "local-model", "messages": LIST_FILES, "tools": [BASH]}
-    resp = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    resp = loopback.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "script_invalid", resp.text
     assert "cannot write script entry 0" in resp.json()["error"]["message"]
     assert "single tool-calls" in resp.json()["error"]["message"]  # the template's raise_exception text

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.conftest import ProxyHandle, make_proxy
-from tests.helpers.clients import anthropic_client
+from tests.helpers.clients import anthropic_client, loopback
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,7 @@ def test_real_answer_streams_and_continues(smol_proxy: ProxyHandle, smollm2_url:
 
     r1, r2 = smol_proxy.records(session["session_id"])
     assert r1["sampled_token_ids"][-1] == 2  # <|im_end|> sampled by the model
-    detok = httpx.post(f"{smollm2_url}/detokenize", json={"tokens": r1["sampled_token_ids"][:-1]}).json()["prompt"]
+    detok = loopback.post(f"{smollm2_url}/detokenize", json={"tokens": r1["sampled_token_ids"][:-1]}).json()["prompt"]
     assert detok == r1["output_text"] == text
     assert r2["prompt_token_ids"][: len(r1["prompt_token_ids"]) + len(r1["sampled_token_ids"])] == (
         r1["prompt_token_ids"] + r1["sampled_token_ids"]

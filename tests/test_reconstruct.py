@@ -15,7 +15,7 @@ from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult, _trace, 
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.io import load_records
 from tests.conftest import ProxyHandle, load_fixture
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 from tests.helpers.records import (
     CONTEXT,
     ENDOFTEXT,
@@ -223,7 +223,6 @@ def test_session_is_the_unit_of_reward_and_advantage() -> None:
 def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url: str) -> None:
     """Trainable logprobs recomputed with transformers under the engine's own weights agree with vLLM's; a
     corrupted set does not."""
-    import httpx
 
     from nemo_polar.reconstruct.recompute import recompute_logprobs
 
@@ -238,7 +237,7 @@ def test_logprob_recomputation_matches_the_engine(proxy: ProxyHandle, engine_url
         ]
     records = proxy.records(session["session_id"])
     [trace] = prefix_merging([CallRecord.model_validate(r) for r in records]).traces
-    model_dir = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
+    model_dir = loopback.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
     report = recompute_logprobs([trace], Path(model_dir))
     assert report["tokens"] == trace.trainable_tokens == 24
     assert report["mean_abs_logprob_delta"] < 0.05 and 0.0 <= report["kl_k3"] < 0.01

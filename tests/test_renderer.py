@@ -14,6 +14,7 @@ from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.renderer import verified_local_renderer
 from tests.conftest import all_fixtures, load_fixture, make_proxy
+from tests.helpers.clients import loopback
 
 
 @pytest.mark.anyio
@@ -39,8 +40,6 @@ def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path
     process, does): frozen, a closed session's objects could never be collected."""
     import gc
 
-    import httpx
-
     frozen = gc.get_freeze_count()
     with contextlib.closing(make_proxy(engine_url, tmp_path)) as handles:  # a fresh proxy: the shared one switched
         proxy = next(handles)
@@ -50,7 +49,7 @@ def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path
         headers = {"authorization": f"Bearer {session['api_key']}"}
         deadline = time.monotonic() + 60
         while proxy.apps.proxy.renderer.name != "local":
-            assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
+            assert loopback.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
             assert time.monotonic() < deadline, "local renderer was never adopted"
             time.sleep(0.2)
         [first, *_] = proxy.records(session["session_id"])
@@ -59,7 +58,7 @@ def test_proxy_switches_to_the_verified_local_renderer(engine_url: str, tmp_path
         # in the loop may already have been rendered locally, if the switch landed between its arrival and render).
         after = proxy.session(sampling_overrides={"max_tokens": 2})
         headers = {"authorization": f"Bearer {after['api_key']}"}
-        assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
+        assert loopback.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=60).is_success
         [local] = proxy.records(after["session_id"])
         assert local["tokenize"] == "full:first" and local["template"] == "full:first"
         assert local["prompt_token_ids"] == first["prompt_token_ids"]  # the same render either way

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from nemo_polar.proxy.serve import BackgroundServer
 from tests.conftest import ProxyHandle, make_proxy
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 
 pytestmark = pytest.mark.engine
 
@@ -99,12 +99,12 @@ class NemoRlLike:
         self.engine_url = engine_url
         self.honour_prefix = honour_prefix
         self.chat_bodies: list[dict[str, Any]] = []
-        card = httpx.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]
+        card = loopback.get(f"{engine_url}/v1/models", timeout=30).json()["data"][0]
         tokenizer_config = json.loads((Path(card["root"]) / "tokenizer_config.json").read_text())
         eos = tokenizer_config["eos_token"]
         eos = eos["content"] if isinstance(eos, dict) else eos
         body = {"model": card["id"], "prompt": eos, "add_special_tokens": False}
-        (self.eos_token_id,) = httpx.post(f"{engine_url}/tokenize", json=body, timeout=30).json()["tokens"]
+        (self.eos_token_id,) = loopback.post(f"{engine_url}/tokenize", json=body, timeout=30).json()["tokens"]
         self.app = FastAPI()
         self.app.post("/tokenize")(self.tokenize)
         self.app.post("/v1/chat/completions")(self.chat)
@@ -179,8 +179,8 @@ class NemoRlLike:
 def serve(engine_url: str, *, honour_prefix: bool) -> Iterator[tuple[str, NemoRlLike]]:
     front = NemoRlLike(engine_url, honour_prefix=honour_prefix)
     with BackgroundServer(front.app) as server:
-        assert httpx.get(f"{server.url}/v1/models").status_code == 404
-        assert httpx.post(f"{server.url}/v1/completions", json={}).status_code in (404, 405)
+        assert loopback.get(f"{server.url}/v1/models").status_code == 404
+        assert loopback.post(f"{server.url}/v1/completions", json={}).status_code in (404, 405)
         yield server.url, front
 
 
@@ -195,11 +195,11 @@ def stock(engine_url: str) -> Iterator[tuple[str, NemoRlLike]]:
 
 
 def tokenize(engine_url: str, **body: Any) -> list[int]:
-    return httpx.post(f"{engine_url}/tokenize", json={"model": "tiny-qwen3", **body}, timeout=30).json()["tokens"]
+    return loopback.post(f"{engine_url}/tokenize", json={"model": "tiny-qwen3", **body}, timeout=30).json()["tokens"]
 
 
 def detokenize(engine_url: str, tokens: list[int]) -> str:
-    return httpx.post(f"{engine_url}/detokenize", json={"model": "tiny-qwen3", "tokens": tokens}, timeout=30).json()[
+    return loopback.post(f"{engine_url}/detokenize", json={"model": "tiny-qwen3", "tokens": tokens}, timeout=30).json()[
         "prompt"
     ]
 
@@ -232,7 +232,7 @@ def test_chat_prefix_through_an_engine_without_a_model_list(
     """Through NeMo-RL's rule, each call's prompt starts with the previous call's exact prompt + sampled ids."""
     url, front = nemo_rl
     eos = front.eos_token_id
-    served = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
+    served = loopback.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
     proxy_iter = make_proxy(url, tmp_path, served_model=served)
     proxy = next(proxy_iter)
     try:
@@ -289,7 +289,7 @@ def test_stock_vllm_ignores_required_prefix_token_ids(
     so in ``chat_prefix`` mode against stock vLLM the records are not token-exact across calls."""
     url, front = stock
     eos = front.eos_token_id
-    served = httpx.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
+    served = loopback.get(f"{engine_url}/v1/models").json()["data"][0]["id"]
     proxy_iter = make_proxy(url, tmp_path, served_model=served)
     proxy = next(proxy_iter)
     try:

@@ -9,13 +9,12 @@ import time
 import weakref
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from nemo_polar.proxy.records import read_records
 from tests.conftest import ProxyHandle
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 
 
 @pytest.mark.anyio
@@ -75,17 +74,17 @@ def test_corrupt_record_line_names_file_and_line(tmp_path) -> None:
 
 
 def test_models_count_tokens_and_websocket_probe(proxy: ProxyHandle, engine_url: str) -> None:
-    models = httpx.get(f"{proxy.url}/v1/models", timeout=10).json()
+    models = loopback.get(f"{proxy.url}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["tiny-qwen3", "local-model"]
-    anth = httpx.get(f"{proxy.url}/v1/models", headers={"anthropic-version": "2023-06-01"}, timeout=10).json()
+    anth = loopback.get(f"{proxy.url}/v1/models", headers={"anthropic-version": "2023-06-01"}, timeout=10).json()
     assert anth["data"][0]["type"] == "model" and anth["has_more"] is False
-    assert httpx.get(f"{proxy.url}/v1/responses", timeout=10).status_code == 404
+    assert loopback.get(f"{proxy.url}/v1/responses", timeout=10).status_code == 404
 
     session = proxy.session()
     body = {"model": "local-model", "messages": [{"role": "user", "content": "hello there"}]}
-    resp = httpx.post(f"{proxy.url}/v1/messages/count_tokens?beta=true", json=body,
+    resp = loopback.post(f"{proxy.url}/v1/messages/count_tokens?beta=true", json=body,
                       headers={"x-api-key": session["api_key"]}, timeout=10)  # fmt: skip
-    expected = httpx.post(f"{engine_url}/tokenize", json={"model": "tiny-qwen3", "add_generation_prompt": True,
+    expected = loopback.post(f"{engine_url}/tokenize", json={"model": "tiny-qwen3", "add_generation_prompt": True,
                           "messages": body["messages"]}, timeout=10).json()["count"]  # fmt: skip
     assert resp.json() == {"input_tokens": expected}
     assert proxy.records(session["session_id"]) == []  # counting tokens is not a model call
@@ -163,7 +162,7 @@ def test_an_engine_that_ignores_forced_ids_refuses_a_scripted_turn(engine_url: s
             session = handle.session(script=[{"content": "hi"}])
             headers = {"Authorization": f"Bearer {session['api_key']}"}
             body = {"model": "local-model", "messages": [{"role": "user", "content": "hello"}]}
-            resp = httpx.post(f"{handle.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            resp = loopback.post(f"{handle.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
             assert resp.status_code == 500, resp.text
             error = resp.json()["error"]
             assert error["code"] == "script_unsupported" and "--logits-processors" in error["message"]

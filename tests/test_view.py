@@ -12,7 +12,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -31,7 +30,7 @@ from nemo_polar.rewards.grader import GradeResult
 from nemo_polar.sandbox.egress import EgressAttempt
 from nemo_polar.view.report import render_report, write_report
 from tests.conftest import ProxyHandle
-from tests.helpers.clients import openai_client
+from tests.helpers.clients import loopback, openai_client
 
 SCRIPT = "<script>alert('polar')</script>"
 PATCH = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-return a - b\n+return a + b\n"
@@ -160,7 +159,7 @@ def runs(proxy: ProxyHandle, engine_url: str, tmp_path_factory: pytest.TempPathF
     )
     (broken_dir / "outcome.json").write_text(outcome.model_dump_json(indent=2))
 
-    model_root = Path(httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
+    model_root = Path(loopback.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
     return {
         "root": root,
         "good": (good["session_id"], good_dir, good_records),

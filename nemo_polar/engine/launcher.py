@@ -252,16 +252,18 @@ def wait_healthy(
 ) -> None:
     """Wait for ``url``/health; ``name`` is the process waited on and ``log`` its output, shown if it exits."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:] if log else "(no log)"
-            raise RuntimeError(f"{name} exited with code {proc.returncode} before becoming healthy:\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    # One client for the whole wait: each new httpx client loads the CA bundle into an SSL context (~50 ms of CPU).
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:] if log else "(no log)"
+                raise RuntimeError(f"{name} exited with code {proc.returncode} before becoming healthy:\n{tail}")
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
     raise TimeoutError(f"{name} at {url} not healthy after {timeout:.0f} s (log: {log})")
 
 

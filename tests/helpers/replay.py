@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from tests.conftest import ProxyHandle
-from tests.helpers.clients import anthropic_client, gemini_client, openai_client
+from tests.helpers.clients import anthropic_client, gemini_client, loopback, openai_client
 
 
 def _split(body: dict[str, Any], known: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -89,7 +87,7 @@ def path_model(fixture: dict[str, Any]) -> str:
 def assert_engine_sampled(engine_url: str, model: str, rec: dict[str, Any]) -> None:
     """The record's ids and logprobs are the engine's: the same prompt ids, sent directly (prefilled the same way:
     the caller sent the same call once before), sample the same tokens with the same logprobs, bit for bit."""
-    direct = httpx.post(
+    direct = loopback.post(
         f"{engine_url}/v1/completions",
         json={
             "model": model,
