@@ -168,8 +168,25 @@ def images() -> dict[str, Any]:
 # module fixtures (a family's engine, sessions run ahead) start once, and the longest modules go first, so that the
 # workers end together; a module that reads another's session fixture (the scripted sessions) goes with it. The
 # measured times are in $POLAR_TEST_LOG/modules.tsv; the order only balances the workers, no verdict depends on it.
-LONGEST_FIRST = ("test_model_families", "test_patterns", "test_swebench5", "test_harness", "test_rewards", "test_gym")
-WITH_MODULE = {"test_token_entries": "test_harness"}  # reads test_harness's scripted sessions (scripted_sessions)
+# The modules that start engines of their own (test_learn also its trainer: ~2 GB each) run one after another in one
+# worker, early, beside the families (whose worker has the one shared engine up yet): run side by side, and beside both
+# workers' shared engines, they took this 23 GB machine out of memory.
+OWN_ENGINES = "own engines"
+WITH_MODULE = {
+    "test_token_entries": "test_harness",  # reads test_harness's scripted sessions (scripted_sessions)
+    "test_learn": OWN_ENGINES,
+    "test_quickstart": OWN_ENGINES,
+    "test_real_text": OWN_ENGINES,
+}
+LONGEST_FIRST = (
+    "test_model_families",
+    OWN_ENGINES,
+    "test_patterns",
+    "test_swebench5",
+    "test_harness",
+    "test_rewards",
+    "test_gym",
+)
 
 
 def worker_unit(nodeid: str) -> str:

@@ -100,6 +100,11 @@ def test_gyms_cli_runs_a_polar_environment_as_the_page_writes_it(tmp_path: Path,
         ), path
     agent, native = ((tmp_path / p).read_text() for p in ("rollouts/agent.jsonl", "rollouts/native.jsonl"))
     assert json.loads(agent)["instance_id"] == json.loads(native)["instance_id"]
+    # Gym's post-run health checks: every one observes the agent's rollout (it carries the trajectory and usage they
+    # read); through the native server Gym alone builds the trajectory, from a capture our calls never reach.
+    agent_health, native_health = re.findall(r"Rollout health: [^\n]*", done.stdout)
+    assert agent_health.startswith("Rollout health: 1 checked, 1 healthy, 0 unhealthy, 0 unobserved"), agent_health
+    assert native_health.startswith("Rollout health: 1 checked, 0 healthy, 0 unhealthy, 1 unobserved"), native_health
 
 
 def test_gym_venvs_reads_gyms_marker_and_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

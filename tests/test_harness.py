@@ -28,6 +28,7 @@ from nemo_polar.reconstruct.recompute import recompute_logprobs
 from nemo_polar.sandbox import SandboxSpec, get_runtime
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ENV_HARNESSES, ProxyHandle
+from tests.helpers.lanes import lane
 from tests.helpers.sessions import (
     EXPECTED_PATCH,
     SCRIPT,
@@ -403,15 +404,19 @@ def test_hermes_verify_nudges_are_turns_of_the_same_chain(proxy: ProxyHandle, tm
     assert [t.call_ids for t in prefix_merging(result.records).traces] == [[r.call_id for r in result.records]]
 
 
+OTHER_DIALECTS = [
+    ("copilot", "responses"),
+    ("copilot", "messages"),
+    ("cline", "messages"),
+    ("opencode", "responses"),
+    ("opencode", "messages"),
+]
+
+
+# make test: each other dialect once (a CLI's provider configuration for it); make test-full: every CLI in each.
 @pytest.mark.parametrize(
     ("harness", "api"),
-    [
-        ("copilot", "responses"),
-        ("copilot", "messages"),
-        ("cline", "messages"),
-        ("opencode", "responses"),
-        ("opencode", "messages"),
-    ],
+    lane(OTHER_DIALECTS, [("copilot", "responses"), ("cline", "messages")], ids=lambda c: "-".join(c)),
 )
 def test_a_harness_over_its_other_dialects(proxy: ProxyHandle, harness: str, api: str, tmp_path: Path) -> None:
     """Copilot CLI's and opencode's provider can be OpenAI Responses or Anthropic Messages, Cline's Anthropic Messages,

@@ -119,6 +119,9 @@ class PolarEnvironmentServer(BaseEnvironmentServer[PolarEpisodeRequest, PolarEpi
         failure = episode_failure(verdict)
         if failure is not None:
             raise HandledEpisodeError(failure)
+        # The collector owns ng_trajectory on this path: a result that carries the key (even null) stops the whole
+        # collection (nemo_gym/rollout_collection.py:331-376, nemo-gym 0.7.0).
+        result.ng_trajectory = None
         return PolarEpisodeResponse(episode_id=request.episode_id, task_id=request.task.task_id, result=result)
 
     async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:

@@ -39,6 +39,7 @@ from nemo_polar.env.gym.compat import (
     maybe_rollout_id_from_run_body,
 )
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
+from nemo_polar.env.gym.trajectory import trajectory, usage
 from nemo_polar.env.harness import HARNESSES, get_harness
 from nemo_polar.env.script import script_adapter
 from nemo_polar.env.session import close_quietly
@@ -199,6 +200,12 @@ class PolarVerifyResponse(BaseVerifyResponse):
     training_traces_masked: dict[str, str] = Field(
         default_factory=dict, description="calls or traces kept out of training_traces, and why"
     )
+    # Left out when None: Gym builds an empty trajectory from a null one (nemo_gym/rollout_collection.py:2631-2637).
+    ng_trajectory: dict[str, Any] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="the session as Gym 0.7's standardized trajectory, what its health checks read (gym/trajectory.py)",
+    )
 
 
 def close_on_shutdown(app: FastAPI, close: Callable[[], None]) -> FastAPI:
@@ -357,7 +364,7 @@ class PolarEpisodes:
         }
         verdict = episode.verdict
         wants_all = self.config.delivery == "all_traces"
-        records = attempt.read_records() if wants_all or (verdict.mask_sample and not episode.output) else []
+        records = attempt.read_records()
         if wants_all:
             try:
                 envelope = self._envelope(body, attempt, records)
@@ -369,7 +376,10 @@ class PolarEpisodes:
             shutil.rmtree(attempt.root, ignore_errors=True)
             metrics["session_dir"] = None
         reward = verdict.reward if verdict.trainable and verdict.reward is not None else 0.0
-        return self._respond(body, episode.output, reward, verdict, metrics, records), verdict
+        response = self._respond(body, episode.output, reward, verdict, metrics, records)
+        rollout_id = maybe_rollout_id_from_run_body(body) or attempt.name  # the ids Gym gives the rollout
+        response.ng_trajectory = trajectory(records, instance.instance_id, rollout_id, self.config.model)
+        return response, verdict
 
     def _envelope(self, body: PolarRunRequest, attempt: AttemptDir, records: list[CallRecord]) -> Envelope:
         """Every trace of the episode as the ``training_traces`` envelope, by the configured builder."""
@@ -400,6 +410,7 @@ class PolarEpisodes:
             parallel_tool_calls=True,
             tool_choice="auto",
             tools=[],
+            usage=usage(records),
         )
         return PolarVerifyResponse(
             responses_create_params=body.responses_create_params,
