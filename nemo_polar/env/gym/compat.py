@@ -81,6 +81,8 @@ NAMES: dict[str, tuple[tuple[str, ...], str]] = {
         "NeMoGymResponseOutputMessageForTraining",
     ),
     "maybe_rollout_id_from_run_body": (("nemo_gym.rollout_correlation",), "maybe_rollout_id_from_run_body"),
+    # the standardized trajectory Gym's health checks read (not in NeMo-RL's 0.5.1)
+    "TrajectoryRecord": (("nemo_gym.rollout_observability",), "TrajectoryRecord"),
     "GlobalConfigDictParser": (("nemo_gym.global_config",), "GlobalConfigDictParser"),
 }
 

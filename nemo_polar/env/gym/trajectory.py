@@ -83,7 +83,7 @@ def trajectory(records: list[CallRecord], task_id: str, rollout_id: str, model: 
     """The session's ``ng_trajectory``, validated by Gym's own model; None where the installed Gym has none (NeMo-RL's
     Gym predates it) or the session made no call."""
     try:
-        from nemo_gym.rollout_observability import TrajectoryRecord
+        from nemo_polar.env.gym.compat import TrajectoryRecord
     except ImportError:
         return None
     calls = engine_calls(records)
