@@ -357,6 +357,20 @@ def _gym_root(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gym_recipe(args: argparse.Namespace) -> int:
+    """Check NeMo-RL recipes as NeMo-RL loads them, before any GPU time: each one's summary as JSON, or the first
+    problem."""
+    from nemo_polar.env.gym.recipes import RecipeError, check_recipe
+
+    for path in args.recipes:
+        try:
+            summary = check_recipe(path)
+        except RecipeError as exc:
+            raise SystemExit(f"polar gym-recipe: {exc}") from None
+        print(summary.model_dump_json(indent=1))
+    return 0
+
+
 def _gym_venvs(args: argparse.Namespace) -> int:
     """Print the gym overrides that reuse prepared server venvs (nothing where Gym builds its own), a line per venv
     on stderr."""
@@ -622,6 +636,17 @@ def build_parser() -> argparse.ArgumentParser:
     gym.add_argument("--wheel", action="store_true", help="build the wheel into $POLAR_CACHE/dist, print that dir")
     gym.add_argument("--wheel-dir", type=Path, metavar="DIR", help="build the wheel into DIR instead (implies --wheel)")
     gym.set_defaults(func=_gym_root)
+
+    grecipe = sub.add_parser(
+        "gym-recipe",
+        help="check NeMo-RL GRPO recipes before any GPU time",
+        description="Load each recipe the way NeMo-RL does (its defaults inheritance), merge its Gym part with "
+        "nemo-gym's own parser, validate the Polar agents it configures and check that every dataset row routes to "
+        "one of them; print each recipe's summary as JSON, or exit 1 naming the first problem. Needs "
+        "POLAR_GYM_ROOT=$(polar gym-root) exported, as NeMo-RL does.",
+    )
+    grecipe.add_argument("recipes", nargs="+", type=Path, metavar="RECIPE", help="a NeMo-RL recipe (YAML)")
+    grecipe.set_defaults(func=_gym_recipe)
 
     gvenvs = sub.add_parser(
         "gym-venvs",

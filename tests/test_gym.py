@@ -25,9 +25,18 @@ from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.openai_utils import NeMoGymResponseOutputMessageForTraining
 
 from nemo_polar.env.episode import Episode
-from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root, scripted_variant
+from nemo_polar.env.gym import ENVIRONMENTS, VARIANTS, agent_name, gym_root
 from nemo_polar.env.gym.agent import PolarAgentConfig
-from nemo_polar.env.gym.rows import SHAPES, Shape, example_row, example_rows, example_tasks, instance_from_row
+from nemo_polar.env.gym.rows import (
+    SHAPES,
+    SPLITS,
+    Shape,
+    example_row,
+    example_rows,
+    example_tasks,
+    instance_from_row,
+    split_rows,
+)
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
@@ -134,6 +143,7 @@ def test_gym_discovers_the_polar_environments_by_name(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("env", ENVIRONMENTS)
 def test_gym_parses_each_environment_config_into_a_polar_agent(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_gym.config_types import DatasetConfig
     from nemo_gym.global_config import GlobalConfigDictParser, get_first_server_config_dict
     from omegaconf import DictConfig, OmegaConf
 
@@ -152,8 +162,13 @@ def test_gym_parses_each_environment_config_into_a_polar_agent(env: str, monkeyp
     server = OmegaConf.to_container(get_first_server_config_dict(parsed, agent_name(env)), resolve=True)
     cfg = PolarAgentConfig.model_validate({**server, "host": "127.0.0.1", "port": 0, "name": agent_name(env)})
     assert (cfg.env, cfg.model, cfg.engine_urls()) == (env, "tiny-qwen3", ["http://127.0.0.1:8000"])
-    dataset = server["datasets"][0]["jsonl_fpath"]
-    assert (gym_root() / dataset).is_file()
+    # Gym's split types, each with the license Gym requires of train and validation, each file shipped
+    datasets = {d["type"]: d for d in server["datasets"]}
+    assert set(datasets) == {"train", "validation", "example"} and datasets["train"]["license"] == "Apache 2.0"
+    assert [d for d in server["datasets"] if "taskset" in d] == []  # flat rows, to the agent (not the native variant's)
+    assert all((gym_root() / d["jsonl_fpath"]).is_file() for d in datasets.values())
+    for d in server["datasets"]:
+        DatasetConfig.model_validate(d)
 
 
 def test_app_py_serves_the_agent_the_way_gym_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,12 +216,21 @@ def test_app_py_serves_the_agent_the_way_gym_launches_it(monkeypatch: pytest.Mon
 def test_shipped_example_data_are_the_bundled_instances(env: str) -> None:
     path = gym_root() / "environments" / env / "data" / "example.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert rows == example_rows(agent_name(env))  # regenerate with nemo_polar.env.gym.write_example_data()
+    assert rows == example_rows(agent_name(env))  # regenerate with nemo_polar.env.gym.write_data()
     tasks = [json.loads(line) for line in (path.parent / "example_tasks.jsonl").read_text().splitlines()]
     assert tasks == example_tasks(env, agent_name(env))
     assert [t["task_input"] for t in tasks] == [{k: v for k, v in r.items() if k != "agent_ref"} for r in rows]
-    # the scripted variant (`--environment <env>/scripted`); regenerate with nemo_polar.env.gym.write_variants()
-    assert (path.parents[1] / "scripted.yaml").read_text() == scripted_variant(env)
+    # Gym's train and validation splits: disjoint, together the example rows, the validation split every fourth
+    splits = {s: [json.loads(line) for line in (path.parent / f"{s}.jsonl").read_text().splitlines()] for s in SPLITS}
+    assert splits == {s: split_rows(agent_name(env), s) for s in SPLITS}
+    ids = {s: [r["instance_id"] for r in rows] for s, rows in splits.items()}
+    assert sorted(ids["train"] + ids["validation"]) == sorted(r["instance_id"] for r in rows)
+    assert ids["validation"] == sorted(r["instance_id"] for r in rows)[3::4] and not set(ids["train"]) & set(
+        ids["validation"]
+    )
+    # the variants (`--environment <env>/scripted`, `<env>/native`); regenerate with nemo_polar.env.gym.write_variants()
+    for name, variant in VARIANTS.items():
+        assert (path.parents[1] / f"{name}.yaml").read_text() == variant(env)
     by_id = {i.instance_id: i for i in bundled_instances()}
     for row in rows:
         BaseRunRequest.model_validate(row)  # Gym accepts the row

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.env.gym import venvs
+from nemo_polar.env.gym import agent_name, venvs
+from nemo_polar.env.gym.rows import split_rows
 from tests.conftest import ROOT
+from tests.helpers.lanes import FULL
 
 pytestmark = pytest.mark.engine
 
@@ -29,6 +31,25 @@ def page_block(name: str) -> str:
     """The bash block after ``<!-- gym-cli: NAME -->`` on the page."""
     [block] = re.findall(rf"^<!-- gym-cli: {name} -->\n```bash\n(.*?)^```", TRAIN.read_text(), flags=re.S | re.M)
     return block
+
+
+def page_env(cwd: Path) -> dict[str, str]:
+    """What the page's blocks run with: a working directory that sees the checkout's ``.venv``, no ``.venv/bin`` on
+    ``PATH`` (so Gym runs no uv) and none of the tests' settings."""
+    (cwd / ".venv").symlink_to(ROOT / ".venv")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != ROOT / ".venv" / "bin")
+    return {k: v for k, v in os.environ.items() if not k.startswith(("POLAR_TEST_", "NEMO_GYM_"))} | {"PATH": path}
+
+
+def assert_rewarded_rows(path: Path) -> dict[str, object]:
+    """One row of Gym's shape, rewarded and trainable: the main chain's items with token ids and logprobs."""
+    [row] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert row["reward"] == 1.0 and row["resolved"] is True and row["mask_sample"] is False, path
+    items = [item for item in row["response"]["output"] if item.get("generation_token_ids")]
+    assert items and all(
+        len(i["generation_token_ids"]) == len(i["generation_log_probs"]) > 0 and i["prompt_token_ids"] for i in items
+    ), path
+    return row
 
 
 def _status(cwd: Path, env: dict[str, str]) -> list[dict[str, object]]:
@@ -44,9 +65,7 @@ def _status(cwd: Path, env: dict[str, str]) -> list[dict[str, object]]:
 
 def test_gyms_cli_runs_a_polar_environment_as_the_page_writes_it(tmp_path: Path, engine_url: str) -> None:
     port = engine_url.rsplit(":", 1)[1]
-    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != ROOT / ".venv" / "bin")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POLAR_TEST_", "NEMO_GYM_"))} | {"PATH": path}
+    env = page_env(tmp_path)
     servers_log = tmp_path / "servers.log"
     with servers_log.open("w") as log:
         servers = subprocess.Popen(
@@ -90,18 +109,34 @@ def test_gyms_cli_runs_a_polar_environment_as_the_page_writes_it(tmp_path: Path,
             assert list(
                 (tmp_path / server_type / name / ".venv").glob(f"lib/python*/site-packages/{venvs.OVERLAY_PTH}")
             )
-    for path in ("rollouts/agent.jsonl", "rollouts/native.jsonl"):
-        [row] = [json.loads(line) for line in (tmp_path / path).read_text().splitlines()]
-        assert row["reward"] == 1.0 and row["resolved"] is True and row["mask_sample"] is False, path
-        items = [item for item in row["response"]["output"] if item.get("generation_token_ids")]
-        assert items and all(
-            len(i["generation_token_ids"]) == len(i["generation_log_probs"]) > 0 and i["prompt_token_ids"]
-            for i in items
-        ), path
-    agent, native = ((tmp_path / p).read_text() for p in ("rollouts/agent.jsonl", "rollouts/native.jsonl"))
-    assert json.loads(agent)["instance_id"] == json.loads(native)["instance_id"]
+    agent, native = (assert_rewarded_rows(tmp_path / p) for p in ("rollouts/agent.jsonl", "rollouts/native.jsonl"))
+    assert agent["instance_id"] == native["instance_id"]
     # Gym's post-run health checks: every one observes the agent's rollout (it carries the trajectory and usage they
     # read); through the native server Gym alone builds the trajectory, from a capture our calls never reach.
+    agent_health, native_health = re.findall(r"Rollout health: [^\n]*", done.stdout)
+    assert agent_health.startswith("Rollout health: 1 checked, 1 healthy, 0 unhealthy, 0 unobserved"), agent_health
+    assert native_health.startswith("Rollout health: 1 checked, 0 healthy, 0 unhealthy, 1 unobserved"), native_health
+
+
+@FULL
+def test_gyms_one_step_collects_a_split_through_the_agent_and_the_native_server(
+    tmp_path: Path, engine_url: str
+) -> None:
+    """The page's one-step block as written: ``gym eval run --split validation`` starts the servers, prepares the
+    split (flat rows to the agent; the native variant's materialized tasks to the native server), collects, stops the
+    servers and reports health."""
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", page_block("one-step").replace(PAGE_PORT, engine_url.rsplit(":", 1)[1])],
+        cwd=tmp_path,
+        env=page_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first_validation_task = split_rows(agent_name("polar_pi"), "validation")[0]["instance_id"]
+    for path in ("rollouts/validation.jsonl", "rollouts/validation_native.jsonl"):
+        assert assert_rewarded_rows(tmp_path / path)["instance_id"] == first_validation_task
     agent_health, native_health = re.findall(r"Rollout health: [^\n]*", done.stdout)
     assert agent_health.startswith("Rollout health: 1 checked, 1 healthy, 0 unhealthy, 0 unobserved"), agent_health
     assert native_health.startswith("Rollout health: 1 checked, 0 healthy, 0 unhealthy, 1 unobserved"), native_health

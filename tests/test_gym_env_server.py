@@ -27,6 +27,7 @@ from nemo_polar.env.gym.environment_server import (
     EPISODE_FAILURES,
     PolarEnvironmentServer,
     PolarEnvironmentServerConfig,
+    PolarEpisodeRequest,
     episode_failure,
 )
 from nemo_polar.env.gym.rows import example_row
@@ -101,6 +102,55 @@ def test_gym_parses_each_native_environment_server(env: str, monkeypatch: pytest
 
     server_dir = _resolve_server_dir(Path("environment_servers/polar_env"))  # as `gym env start` resolves it
     assert server_dir == gym_root() / "environment_servers" / "polar_env" and (server_dir / "app.py").is_file()
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_the_native_variant_routes_each_split_task_to_the_native_server(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--environment <env>/scripted --environment <env>/native`` as Gym composes them: the train and validation
+    datasets become tasks of the taskset ``<env>`` (Gym's own materialize_task), Gym's resolve_dataset_agent routes
+    them to the native server for the agent that declares them, and both servers take the scripted policy. Without
+    the native variant, the agent's rows reach one environment server only (Gym's relay)."""
+    from nemo_gym.global_config import GlobalConfigDictParser, get_first_server_config_dict, resolve_dataset_agent
+    from nemo_gym.rollout_collection import (
+        _environment_server_for_agent,
+        _environment_servers_by_agent,
+        _episode_request_body,
+    )
+    from nemo_gym.task_materialization import materialize_task
+    from omegaconf import DictConfig, OmegaConf
+
+    monkeypatch.setenv("NEMO_GYM_EXTRA_ROOTS", str(gym_root()))
+    variants = [str(gym_root() / "environments" / env / f"{v}.yaml") for v in ("scripted", "native")]
+    policy = {"policy_api_key": "x", "policy_base_url": "http://127.0.0.1:8000/v1", "policy_model_name": "m"}
+
+    def parse(paths: list[str]) -> DictConfig:
+        initial = DictConfig({"config_paths": paths, **policy})
+        return GlobalConfigDictParser().parse_no_environment(initial_global_config_dict=initial)
+
+    plain = parse([str(gym_root() / "environments" / env / "config.yaml")])
+    assert _environment_server_for_agent(agent_name(env), _environment_servers_by_agent(plain)) == (
+        f"{env}_environment_server"
+    )
+    parsed = parse(variants)
+    assert OmegaConf.to_container(parsed.environment_server_routes) == {env: f"{env}_native"}
+    agent = OmegaConf.to_container(get_first_server_config_dict(parsed, agent_name(env)), resolve=True)
+    native = OmegaConf.to_container(get_first_server_config_dict(parsed, f"{env}_native"), resolve=True)
+    cfg = PolarEnvironmentServerConfig.model_validate({**native, "host": "127.0.0.1", "port": 0, "name": "x"})
+    assert cfg.scripted and agent["scripted"] and cfg.agent_server and cfg.agent_server.name == agent_name(env)
+    splits = {d["type"]: d for d in agent["datasets"]}
+    assert set(splits) == {"train", "validation", "example"}
+    for split in ("train", "validation"):
+        assert splits[split]["taskset"] == env and splits[split]["license"]
+        assert resolve_dataset_agent(parsed, agent_name(env), taskset=env) == agent_name(env)
+        rows = [json.loads(line) for line in (gym_root() / splits[split]["jsonl_fpath"]).read_text().splitlines()]
+        tasks = [materialize_task(row, taskset=env) for row in rows]
+        assert [t["task_id"] for t in tasks] == [{"taskset": env, "task_id": r["instance_id"]} for r in rows]
+        for task in tasks:  # what Gym's collection posts to the native server, which takes it
+            body = _episode_request_body({**task, "_ng_rollout_id": "r1", "_ng_attempt_index": 0})
+            task_input = PolarEpisodeRequest.model_validate(body).task.task_input
+            assert task_input.model_dump()["instance_id"] == task["task_id"]["task_id"]
 
 
 def test_verdicts_map_to_gyms_episode_failures() -> None:

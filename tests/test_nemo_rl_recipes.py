@@ -5,6 +5,10 @@ a recipe fail the check with a message naming the problem."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +20,10 @@ from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.recipes import RecipeError, check_recipe, load_recipe
 from nemo_polar.env.specs import get_env
 from tests.conftest import ENV_HARNESSES
+from tests.helpers.lanes import FULL
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "nemo_rl"
+README = RECIPES / "README.md"
 CLIS = ENV_HARNESSES
 
 
@@ -55,7 +61,8 @@ def test_recipe_trains_qwen35_4b_with_megatron_and_async_grpo_on_its_environment
     assert (agent.instance, agent.env, agent.mode) == (agent_name(env), env, "chat_prefix")
     assert agent.harness == get_env(env).harness
     assert agent.config_path == gym_root() / "environments" / env / "config.yaml"
-    assert summary.data_paths[0] == gym_root() / "environments" / env / "data" / "example.jsonl"
+    data = gym_root() / "environments" / env / "data"
+    assert summary.data_paths == [data / "train.jsonl", data / "validation.jsonl"]  # Gym's splits, disjoint
 
     config = load_recipe(RECIPES / f"grpo_polar_{cli}.yaml")
     assert config.env.nemo_gym.config_paths == [f"environments/{env}/config.yaml"]  # relative: Gym's search roots
@@ -196,3 +203,38 @@ def test_load_recipe_follows_nemo_rls_inheritance_rule(tmp_path: Path) -> None:
     # NeMo-RL reads each top-level value of the file before merging: a scalar interpolating an inherited key fails.
     with pytest.raises(RecipeError, match="does not merge over its defaults: Interpolation key 'c' not found"):
         load_recipe(write(tmp_path / "scalar.yaml", {"defaults": "grand.yaml", "f": "${c}"}))
+
+
+def readme_block(name: str) -> str:
+    """The bash block after ``<!-- nemo-rl: NAME -->`` in examples/nemo_rl/README.md, for this checkout."""
+    [block] = re.findall(rf"^<!-- nemo-rl: {name} -->\n```bash\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    return block.replace("/shared/nemo_polar", str(RECIPES.parents[1]))
+
+
+@FULL
+def test_the_readmes_check_commands_run_as_written(tmp_path: Path) -> None:
+    """The README's pre-flight block after its exports (the wheel's line aside: tests/test_gym_install.py builds it):
+    the recipe's summary, and Gym's own dry validation of the environment's config."""
+    exports = "\n".join(line for line in readme_block("exports").splitlines() if "--wheel" not in line)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POLAR_GYM_", "NEMO_GYM_"))}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", exports + "\n" + readme_block("check")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout[: done.stdout.index("\n}\n") + 2])
+    assert summary["model"] == "Qwen/Qwen3.5-4B" and [a["instance"] for a in summary["agents"]] == ["polar_codex_agent"]
+    assert [Path(p).name for p in summary["data_paths"]] == ["train.jsonl", "validation.jsonl"]
+    assert "Config is valid" in done.stdout
+
+
+def test_polar_gym_recipe_names_the_problem(tmp_path: Path) -> None:
+    from nemo_polar.cli import main as polar
+
+    bad = child_of(tmp_path, "codex", {"data": {"train": {"data_path": str(tmp_path / "none.jsonl")}}})
+    with pytest.raises(SystemExit, match=r"^polar gym-recipe: .*bad\.yaml: data\.train data_path .* does not exist"):
+        polar(["gym-recipe", str(bad)])

@@ -32,10 +32,11 @@ def agent_name(env: str) -> str:
     return f"{env}_agent"
 
 
-def write_example_data(root: Path | None = None) -> list[Path]:
-    """Regenerate every environment's ``data/example.jsonl`` (rows for its agent) and ``data/example_tasks.jsonl``
-    (the same as materialized tasks, for its native server) from the bundled instances."""
-    from nemo_polar.env.gym.rows import example_rows, example_tasks
+def write_data(root: Path | None = None) -> list[Path]:
+    """Regenerate every environment's data from the bundled instances: ``data/example.jsonl`` (rows for its agent),
+    ``data/example_tasks.jsonl`` (the same as materialized tasks, for its native server) and the disjoint
+    ``data/train.jsonl`` and ``data/validation.jsonl`` (Gym's one-step ``gym eval run --split``)."""
+    from nemo_polar.env.gym.rows import SPLITS, example_rows, example_tasks, split_rows
 
     written = []
     for env in ENVIRONMENTS:
@@ -44,6 +45,7 @@ def write_example_data(root: Path | None = None) -> list[Path]:
         for name, rows in (
             ("example", example_rows(agent_name(env))),
             ("example_tasks", example_tasks(env, agent_name(env))),
+            *((split, split_rows(agent_name(env), split)) for split in SPLITS),
         ):
             path = data / f"{name}.jsonl"
             path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -65,11 +67,58 @@ def scripted_variant(env: str) -> str:
     )
 
 
+def datasets(env: str, taskset: str | None = None) -> list[dict[str, object]]:
+    """The datasets an environment's agent declares (``config.yaml``): Gym's train and validation splits (Gym requires
+    their license: the bundled tasks are the project's own) and the example rows. With ``taskset``, Gym's data
+    preparation materializes the split rows as tasks of that taskset (the native variant)."""
+    declared: list[dict[str, object]] = []
+    for split in ("train", "validation", "example"):
+        dataset: dict[str, object] = {
+            "name": split,
+            "type": split,
+            "jsonl_fpath": f"environments/{env}/data/{split}.jsonl",
+        }
+        if split != "example":
+            dataset["license"] = "Apache 2.0"
+            if taskset:
+                dataset["taskset"] = taskset
+        declared.append(dataset)
+    return declared
+
+
+def native_variant(env: str) -> str:
+    """``environments/<env>/native.yaml``: the environment's train and validation splits through its native
+    environment server in one step (``gym eval run --environment <env>/native --split validation``). Gym's data
+    preparation materializes each row as a task of the taskset ``<env>`` (the datasets' ``taskset``), collection
+    routes the taskset to ``<env>_native`` (``environment_server_routes``), and the server names the agent its
+    episodes are the agent's (``agent_server``: Gym's ``resolve_dataset_agent`` requires the declaring agent there,
+    ``nemo_gym/global_config.py``). Only here: beside the agent's ``legacy_agent`` relay, a second server fronting
+    the agent would leave Gym's agent-routed rows two servers to choose from."""
+    import yaml
+
+    agent, native = agent_name(env), f"{env}_native"
+    agent_ref = {"type": "responses_api_agents", "name": agent}
+    config = {
+        "config_paths": [f"environments/{env}/config.yaml"],
+        "environment_server_routes": {env: native},
+        agent: {"responses_api_agents": {"polar_agent": {"datasets": datasets(env, taskset=env)}}},
+        native: {"environment_servers": {"polar_env": {"agent_server": agent_ref}}},
+    }
+    return (
+        f"# {env}'s train and validation splits through its native environment server: Gym materializes each row as\n"
+        f"# a task of the taskset {env} and routes it to {native}. The rest is config.yaml.\n"
+    ) + yaml.safe_dump(config, sort_keys=False)
+
+
+VARIANTS = {"scripted": scripted_variant, "native": native_variant}
+
+
 def write_variants(root: Path | None = None) -> list[Path]:
-    """Regenerate every environment's ``scripted.yaml``."""
+    """Regenerate every environment's variant configs (``scripted.yaml``, ``native.yaml``)."""
     written = []
     for env in ENVIRONMENTS:
-        path = (root or gym_root()) / "environments" / env / "scripted.yaml"
-        path.write_text(scripted_variant(env))
-        written.append(path)
+        for name, variant in VARIANTS.items():
+            path = (root or gym_root()) / "environments" / env / f"{name}.yaml"
+            path.write_text(variant(env))
+            written.append(path)
     return written

@@ -64,6 +64,7 @@ NAMES: dict[str, tuple[tuple[str, ...], str]] = {
     "CleanupContext": (ENVIRONMENT_SERVER, "CleanupContext"),
     "HandledEpisodeError": (ENVIRONMENT_SERVER, "HandledEpisodeError"),
     "BaseEpisodeRequest": (("nemo_gym.episode_types",), "BaseEpisodeRequest"),
+    "AgentServerRef": (("nemo_gym.config_types",), "AgentServerRef"),
     "BaseEpisodeResponse": (("nemo_gym.episode_types",), "BaseEpisodeResponse"),
     "EpisodeFailure": (("nemo_gym.episode_types",), "EpisodeFailure"),
     "AggregateMetrics": (("nemo_gym.config_types",), "AggregateMetrics"),

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from pydantic import PositiveFloat
 
 from nemo_polar.env.gym.compat import (
+    AgentServerRef,
     AggregateMetrics,
     AggregateMetricsMixin,
     AggregateMetricsRequest,
@@ -91,6 +92,9 @@ class PolarEnvironmentServerConfig(PolarSettings, BaseEnvironmentServerConfig):
     """The Polar settings over Gym's episode limits."""
 
     cleanup_timeout_seconds: PositiveFloat = 180.0
+    # The agent whose episodes these are, set only by the native variant (environments/<env>/native.yaml): Gym routes
+    # a declared taskset here only when the server names its declaring agent. The server itself never calls it.
+    agent_server: AgentServerRef | None = None
 
 
 class PolarEnvironmentServer(BaseEnvironmentServer[PolarEpisodeRequest, PolarEpisodeResponse], AggregateMetricsMixin):

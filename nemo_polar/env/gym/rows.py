@@ -20,6 +20,7 @@ __all__ = [
     "example_rows",
     "instance_from_row",
     "instruction",
+    "split_rows",
     "validation_message",
 ]
 
@@ -66,6 +67,22 @@ def example_row(
 
 def example_rows(agent_name: str, shape: Shape = "polar") -> list[dict[str, Any]]:
     return [example_row(inst, agent_name, shape) for inst in bundled_instances()]
+
+
+# The splits Gym's one-step collection accepts (``gym eval run --split``) for Gym's train and validation dataset types.
+Split = Literal["train", "validation"]
+SPLITS: tuple[Split, ...] = ("train", "validation")
+
+
+def split_of(index: int) -> Split:
+    """Every fourth bundled instance in id order is held out for validation (3 of 12), the rest train."""
+    return "validation" if index % 4 == 3 else "train"
+
+
+def split_rows(agent_name: str, split: Split) -> list[dict[str, Any]]:
+    """The bundled instances of one split, as rows for the agent (disjoint splits; together the example rows)."""
+    rows = sorted(example_rows(agent_name), key=lambda row: row["instance_id"])
+    return [row for i, row in enumerate(rows) if split_of(i) == split]
 
 
 def example_tasks(env: str, agent_name: str) -> list[dict[str, Any]]:
