@@ -50,9 +50,63 @@ def test_rows_carry_the_sessions_advantage_on_the_policys_tokens_only() -> None:
     assert row["input_ids"] == [1, 2, 3, 4, 5, 6, 7]
     assert row["token_mask"] == [0, 0, 0, 1, 1, 0, 1]
     assert row["generation_logprobs"] == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, -1.0]
-    assert row["advantage"] == 0.375
+    assert row["advantage"] == 0.75  # token-level loss: the session's advantage, whatever the trace's weight
+    assert rows([trace.model_copy(update={"role": "side", "weight": 0.0})]) == []  # side calls are not trained
     with pytest.raises(ValueError, match="no advantage"):
         rows([trace.model_copy(update={"advantage": None})])
+
+
+# Run in the engine virtualenv: one trainer step per batch of rows, each from the same weights and seed.
+STEP_EACH = r"""
+import importlib.util, json, sys, tempfile
+spec = importlib.util.spec_from_file_location("w", sys.argv[1]); w = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(w)
+out = []
+for batch in sys.argv[3:]:
+    trainer = w.Trainer(model_dir=sys.argv[2], lr=1e-3, seed=0, loss={})
+    out.append(trainer.step(batch, tempfile.mkdtemp()))
+print(json.dumps(out))
+"""
+
+
+def test_per_request_and_prefix_merging_give_the_same_gradient(tmp_path: Path) -> None:
+    """The same two sessions (three calls each, append-only, one won and one lost) as per-request traces (three per
+    session) and prefix-merged (one per session): the same policy tokens, loss and gradient norm in the trainer."""
+    from nemo_polar.engine.launcher import resolve_model
+    from nemo_polar.reconstruct.builders import per_request, prefix_merging
+    from nemo_polar.rewards.advantages import assign, group_advantages
+    from tests.helpers.records import EOT, child, rec
+
+    python = engine_python()
+    if not python.exists():
+        pytest.skip("engine virtualenv not built: run `make setup`")
+    records = []
+    for n, session in enumerate(("won", "lost")):
+        a = rec(f"{session}1", [1, 2, 3 + n], [10 + n, 11, EOT], session_id=session)
+        b = child(f"{session}2", a, [20, 21], [12, EOT], session_id=session)
+        c = child(f"{session}3", b, [22], [13 + n, 14, EOT], session_id=session)
+        records.append([a, b, c])
+    rewards = {"won": 1.0, "lost": 0.0}
+    batches = []
+    for builder in (per_request, prefix_merging):
+        traces = [t for session in records for t in builder(session).traces]
+        assign(traces, rewards, group_advantages(rewards))
+        batch = tmp_path / f"{builder.__name__}.jsonl"
+        batch.write_text("".join(json.dumps(r) + "\n" for r in rows(traces)))
+        batches.append((len(traces), batch))
+    assert [n for n, _ in batches] == [6, 2]
+    done = subprocess.run(
+        [str(python), "-c", STEP_EACH, str(WORKER), str(resolve_model("tiny-qwen3")[0]), *(str(b) for _, b in batches)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    split, merged = json.loads(done.stdout.splitlines()[-1])
+    assert split["tokens"] == merged["tokens"] == 2 * (3 + 2 + 3)
+    assert split["loss"] == pytest.approx(merged["loss"], rel=1e-5, abs=1e-7)
+    assert split["grad_norm"] > 0 and split["grad_norm"] == pytest.approx(merged["grad_norm"], rel=1e-4)
 
 
 # Run in the engine virtualenv: the loss on hand-made tensors, checked against the rules of ClippedPGLossFn in

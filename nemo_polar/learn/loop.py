@@ -167,19 +167,24 @@ class TrainerProcess:
 
 
 def rows(traces: list[Trace], sample_mask: int = 1) -> list[dict[str, Any]]:
-    """Trainer rows from traces: the whole sequence, the policy's own tokens as the mask, the engine's logprobs,
-    the session's advantage scaled by the trace's weight (a session split into N traces still counts once)."""
+    """Trainer rows from traces: the whole sequence, the policy's own tokens as the mask, the engine's logprobs and
+    the session's advantage. The loss is token-level (a sum over the batch's policy tokens over their count,
+    NeMo-RL's ``token_level_loss``), and each sampled token is trainable in exactly one trace, so the advantage goes
+    unscaled: a session split per request then trains as the same session merged (the same gradient). The traces'
+    ``weight`` (1/N per session) is for a loss that averages per sample; side calls (weight 0) are not trained."""
     out = []
     for t in traces:
         if t.advantage is None:
             raise ValueError(f"trace {t.trace_id} has no advantage")
+        if t.role == "side":
+            continue
         context = [0] * len(t.prompt_ids)
         out.append(
             {
                 "input_ids": t.prompt_ids + t.response_ids,
                 "token_mask": context + t.loss_mask,
                 "generation_logprobs": [0.0] * len(t.prompt_ids) + [lp or 0.0 for lp in t.logprobs],
-                "advantage": t.advantage * t.weight,
+                "advantage": t.advantage,
                 "sample_mask": sample_mask,
             }
         )

@@ -289,7 +289,9 @@ def _split(records: Iterable[CallRecord], cfg: BuilderConfig) -> tuple[list[Call
 
 
 def _weigh(traces: list[Trace]) -> list[Trace]:
-    """A session contributes one unit of gradient however many traces it has; side calls contribute none."""
+    """Per-sample weights: under a loss that averages per sample, a session counts once however many traces it has;
+    side calls count for nothing. A token-level loss counts each sampled token once whatever the split, and uses
+    no weight but the side calls' 0 (nemo_polar.learn.loop.rows)."""
     trainable = [t for t in traces if t.role != "side"]
     for t in traces:
         t.weight = 0.0 if t.role == "side" else 1.0 / len(trainable)

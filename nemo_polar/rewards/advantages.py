@@ -1,8 +1,10 @@
 """Session rewards onto traces, with GRPO advantages computed per session (the unit of a rollout).
 
 A session that split into N traces must not weigh N times as much as one that did not (the per-request reward
-hacking the Polar paper warns about): every trace carries its session's reward and advantage, and trace weights
-(1/N per session, see the builders) make each session one unit of gradient.
+hacking the Polar paper warns about): every trace carries its session's reward and advantage. Under a token-level
+loss each sampled token is trainable in one trace only, so a split session already weighs what it would merged;
+under a loss that averages per sample, the trace weights (1/N per session, see the builders) make each session one
+unit of gradient.
 """
 
 from __future__ import annotations
