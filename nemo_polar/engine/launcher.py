@@ -106,6 +106,16 @@ def resolve_model(model: str) -> tuple[Path, str, int | None]:
     return path, path.name, None
 
 
+# vLLM's API server, run as ``-m vllm.entrypoints.openai.api_server`` would run it, from ``-c``: its engine core is a
+# spawned process, and spawn re-imports a ``-m`` parent's main module in the child first (the whole API server:
+# FastAPI, the OpenAI routes), which the engine core never uses. ~4 s of CPU less per engine start here (47 s instead
+# of 51 s, tiny-llama3).
+API_SERVER = (
+    "import runpy, sys; sys.argv[0] = 'vllm.entrypoints.openai.api_server'; "
+    "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=False)"
+)
+
+
 @dataclass
 class EngineSpec:
     model: str = "tiny-qwen3"
@@ -125,8 +135,8 @@ class EngineSpec:
         path, name, default_len = resolve_model(self.model)
         cmd = [
             str(engine_python()),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
+            "-c",
+            API_SERVER,
             "--model",
             str(path),
             "--served-model-name",

@@ -14,7 +14,9 @@ import httpx
 import openai
 
 TLS = httpx.create_ssl_context()
-loopback = httpx.Client(verify=TLS, limits=httpx.Limits(max_keepalive_connections=0))
+# httpx's default 5 s read timeout is a wall-clock race on a loaded 2-core machine (a proxied call that prefills a
+# prompt took longer in make test-full); a call that must be quick says so with its own timeout.
+loopback = httpx.Client(verify=TLS, limits=httpx.Limits(max_keepalive_connections=0), timeout=120)
 
 
 class Served(Protocol):
