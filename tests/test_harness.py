@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.script import Final, Shell
@@ -276,6 +277,22 @@ def test_polar_rollout_cli(engine_url: str, tmp_path: Path) -> None:
     assert summary["env"] == "polar_codex" and summary["status"] == "completed" and summary["calls"] == 5
     assert EXPECTED_PATCH in (out / "patch.diff").read_text()
     assert json.loads((out / "session.json").read_text())["harness"] == "codex"
+
+
+def test_a_task_files_script_is_used_unless_scripted_is_false(tmp_path: Path) -> None:
+    """``polar rollout task=FILE``: the file's scripted turns by default, none with ``scripted=false`` (the model acts
+    on its own), and ``scripted=true`` refused for a file without a script."""
+    from nemo_polar.env.rollout import load_task, task_script
+
+    task = load_task(TASK_FILE)
+    assert task.script and task_script(task, None) == task.script == task_script(task, True)
+    assert task_script(task, False) is None
+    bare = tmp_path / "task.yaml"
+    data = yaml.safe_load(TASK_FILE.read_text()) | {"repo": str(task.repo)}
+    bare.write_text(yaml.safe_dump({k: v for k, v in data.items() if k != "script"}))
+    with pytest.raises(ValueError, match=r"scripted=true, but the task file of .* has no script"):
+        task_script(load_task(bare), True)
+    assert task_script(load_task(bare), None) is None
 
 
 @pytest.mark.parametrize(

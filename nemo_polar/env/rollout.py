@@ -46,6 +46,14 @@ class TaskFile(Task):
     script: list[Action] | None = Field(default=None, description="scripted policy turns, for the tiny models")
 
 
+def task_script(task: TaskFile, scripted: bool | None) -> list[Action] | None:
+    """The policy turns a task-file session is held to: the file's script unless ``scripted=false`` (the model
+    chooses its own actions); ``scripted=true`` needs a file that has one. ``None`` (the default): the file decides."""
+    if scripted is True and not task.script:
+        raise ValueError(f"scripted=true, but the task file of {task.instance_id} has no script")
+    return None if scripted is False else task.script
+
+
 def load_task(path: Path) -> TaskFile:
     """A task file; ``repo`` is relative to the file. Errors name the file."""
     if not path.is_file():
@@ -140,6 +148,7 @@ def rollout(cfg: DictConfig) -> SessionResult:
     if not cfg.task:
         raise ValueError("give a task file (task=PATH) or a dataset (dataset=bundled n_samples=4)")
     task = load_task(Path(cfg.task))
+    script = task_script(task, cfg.scripted)
     spec = env_spec(cfg)
     harness = get_harness(spec.harness, **spec.harness_options)
     runtime = get_runtime(cfg.runtime.name)
@@ -152,7 +161,7 @@ def rollout(cfg: DictConfig) -> SessionResult:
             runtime,
             proxy,
             out,
-            script=task.script,
+            script=script,
             session_config=spec.session,
             timeout=float(cfg.timeout),
             model=cfg.model,
