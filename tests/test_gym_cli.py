@@ -19,6 +19,7 @@ import pytest
 from nemo_polar.env.gym import agent_name, venvs
 from nemo_polar.env.gym.rows import split_rows
 from tests.conftest import ROOT
+from tests.helpers.doc_blocks import doc_block, run_block
 from tests.helpers.lanes import FULL
 
 pytestmark = pytest.mark.engine
@@ -29,8 +30,7 @@ PAGE_PORT = "8011"
 
 def page_block(name: str) -> str:
     """The bash block after ``<!-- gym-cli: NAME -->`` on the page."""
-    [block] = re.findall(rf"^<!-- gym-cli: {name} -->\n```bash\n(.*?)^```", TRAIN.read_text(), flags=re.S | re.M)
-    return block
+    return doc_block(TRAIN, "gym-cli", name)
 
 
 def page_env(cwd: Path) -> dict[str, str]:
@@ -87,15 +87,7 @@ def test_gyms_cli_runs_a_polar_environment_as_the_page_writes_it(tmp_path: Path,
             "polar_pi_environment_server",
             "polar_pi_native",
         ]
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", page_block("rollouts")],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        done = run_block(page_block("rollouts"), tmp_path, env, timeout=600)
     finally:
         os.killpg(servers.pid, signal.SIGTERM)  # gym env start stops its servers and its Ray cluster
         servers.wait(timeout=120)
@@ -125,15 +117,8 @@ def test_gyms_one_step_collects_a_split_through_the_agent_and_the_native_server(
     """The page's one-step block as written: ``gym eval run --split validation`` starts the servers, prepares the
     split (flat rows to the agent; the native variant's materialized tasks to the native server), collects, stops the
     servers and reports health."""
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", page_block("one-step").replace(PAGE_PORT, engine_url.rsplit(":", 1)[1])],
-        cwd=tmp_path,
-        env=page_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    script = page_block("one-step").replace(PAGE_PORT, engine_url.rsplit(":", 1)[1])
+    done = run_block(script, tmp_path, page_env(tmp_path), timeout=900)
     first_validation_task = split_rows(agent_name("polar_pi"), "validation")[0]["instance_id"]
     for path in ("rollouts/validation.jsonl", "rollouts/validation_native.jsonl"):
         assert assert_rewarded_rows(tmp_path / path)["instance_id"] == first_validation_task

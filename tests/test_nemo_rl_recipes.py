@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.recipes import RecipeError, check_recipe, load_recipe
 from nemo_polar.env.specs import get_env
 from tests.conftest import ENV_HARNESSES
+from tests.helpers.doc_blocks import doc_block, run_block
 from tests.helpers.lanes import FULL
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "nemo_rl"
@@ -207,8 +206,7 @@ def test_load_recipe_follows_nemo_rls_inheritance_rule(tmp_path: Path) -> None:
 
 def readme_block(name: str) -> str:
     """The bash block after ``<!-- nemo-rl: NAME -->`` in examples/nemo_rl/README.md, for this checkout."""
-    [block] = re.findall(rf"^<!-- nemo-rl: {name} -->\n```bash\n(.*?)^```", README.read_text(), flags=re.S | re.M)
-    return block.replace("/shared/nemo_polar", str(RECIPES.parents[1]))
+    return doc_block(README, "nemo-rl", name).replace("/shared/nemo_polar", str(RECIPES.parents[1]))
 
 
 @FULL
@@ -217,15 +215,7 @@ def test_the_readmes_check_commands_run_as_written(tmp_path: Path) -> None:
     the recipe's summary, and Gym's own dry validation of the environment's config."""
     exports = "\n".join(line for line in readme_block("exports").splitlines() if "--wheel" not in line)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POLAR_GYM_", "NEMO_GYM_"))}
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", exports + "\n" + readme_block("check")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_block(exports + "\n" + readme_block("check"), tmp_path, env, timeout=300)
     summary = json.loads(done.stdout[: done.stdout.index("\n}\n") + 2])
     assert summary["model"] == "Qwen/Qwen3.5-4B" and [a["instance"] for a in summary["agents"]] == ["polar_codex_agent"]
     assert [Path(p).name for p in summary["data_paths"]] == ["train.jsonl", "validation.jsonl"]
