@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _engine_up(args: argparse.Namespace) -> int:
@@ -212,28 +213,38 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _learn(args: argparse.Namespace) -> int:
-    from nemo_polar.learn.loop import LearnConfig
-    from nemo_polar.learn.report import run_seeds
+    from nemo_polar.learn.report import run_harness_seeds, run_seeds
 
     try:
-        configs = [
-            LearnConfig(
-                out=args.output / f"seed-{seed}",
-                seed=seed,
-                steps=args.steps,
-                prompts_per_step=args.prompts,
-                generations=args.generations,
-                held_out=args.held_out,
-                eval_samples=args.eval_samples,
-                lr=args.lr,
-            )
-            for seed in args.seed or [0, 1]
-        ]
-        summary = run_seeds(configs, args.output)
+        if args.harness:
+            summary: Any = run_harness_seeds(_harness_learn_configs(args), args.output)
+        else:
+            summary = run_seeds(_learn_configs(args), args.output)
     except (OSError, ValueError, RuntimeError) as exc:
         raise SystemExit(f"polar learn: {exc}") from None
     print(summary.model_dump_json(indent=2))
     return 0
+
+
+def _learn_configs(args: argparse.Namespace) -> list[Any]:
+    from nemo_polar.learn.loop import LearnConfig
+
+    given = {"steps": args.steps, "lr": args.lr, "held_out": args.held_out, "eval_samples": args.eval_samples}
+    given |= {"prompts_per_step": args.prompts, "generations": args.generations}
+    given = {k: v for k, v in given.items() if v is not None}
+    return [LearnConfig(out=args.output / f"seed-{seed}", seed=seed, **given) for seed in args.seed or [0, 1]]
+
+
+def _harness_learn_configs(args: argparse.Namespace) -> list[Any]:
+    from nemo_polar.learn.harness_loop import HarnessLearnConfig
+
+    given = {"steps": args.steps, "lr": args.lr, "held_out": args.held_out, "eval_samples": args.eval_samples}
+    given |= {"groups_per_step": args.prompts, "generations": args.generations, "warmup_steps": args.warmup_steps}
+    given = {k: v for k, v in given.items() if v is not None}
+    return [
+        HarnessLearnConfig(harness=args.harness, out=args.output / f"seed-{seed}", seed=seed, **given)
+        for seed in args.seed or [0, 1]
+    ]
 
 
 def _container_formatter_arg(parser: argparse.ArgumentParser) -> None:
@@ -554,20 +565,26 @@ def build_parser() -> argparse.ArgumentParser:
     learn = sub.add_parser(
         "learn",
         help="a closed GRPO loop on this machine: rollouts through the proxy, traces, update, weights into vLLM",
-        description="SmolLM2-135M-Instruct learns to answer 'which number is bigger?' with the number. Each step: "
-        "rollouts through the proxy (one session per sample), prefix-merged traces with per-session GRPO advantages, "
-        "one step of NeMo-RL's clipped policy-gradient loss (torch, in the engine's virtualenv), then the proxy "
-        "pauses, vLLM reloads the new weights in place and the proxy resumes with the next policy version. Held-out "
-        "prompts are scored before and after. Writes OUT/seed-N/learn.json, OUT/learn.json and OUT/learn.html.",
+        description="SmolLM2-135M-Instruct learns on this machine. With --harness NAME every rollout is a session of "
+        "that unchanged CLI, run by the path the Gym environments serve NeMo-RL with (sandbox, proxy, swebench's "
+        "grade, the verdict's mask), on generated tasks whose value exists only in a workspace file: a warm-up from "
+        "the teacher's accepted sessions (SFT), then GRPO; held-out tasks are scored before the warm-up, at the start "
+        "of RL and at its end. Without it, the quick mode: 'which number is bigger?' in one chat call per session. "
+        "Each step: prefix-merged rows with per-session GRPO advantages, one step of NeMo-RL's clipped "
+        "policy-gradient loss (torch, in the engine's virtualenv), then the proxy pauses, vLLM reloads the new "
+        "weights in place and the proxy resumes with the next policy version. Writes OUT/seed-N/learn.json, "
+        "OUT/learn.json and OUT/learn.html.",
     )
     learn.add_argument("-o", "--output", type=Path, default=Path("runs/learn"), help="the output directory")
+    learn.add_argument("--harness", help="learn through this CLI (pi, mini_swe_agent, ...); default: the quick mode")
     learn.add_argument("--seed", type=int, action="append", help="a seed (repeatable; default: 0 and 1)")
-    learn.add_argument("--steps", type=int, default=12)
-    learn.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    learn.add_argument("--generations", type=int, default=8, help="sessions per prompt (a GRPO group)")
-    learn.add_argument("--held-out", type=int, default=32, help="held-out prompts")
-    learn.add_argument("--eval-samples", type=int, default=4, help="sessions per held-out prompt")
-    learn.add_argument("--lr", type=float, default=2e-5)
+    learn.add_argument("--steps", type=int, help="GRPO steps (default: 12; 6 with --harness)")
+    learn.add_argument("--prompts", type=int, help="tasks per step, a GRPO group each (default: 8; 4 with --harness)")
+    learn.add_argument("--generations", type=int, help="sessions per task: the group (default: 8; 4 with --harness)")
+    learn.add_argument("--held-out", type=int, help="held-out tasks (default: 32; 8 with --harness)")
+    learn.add_argument("--eval-samples", type=int, help="sessions per held-out task (default: 4; 2 with --harness)")
+    learn.add_argument("--warmup-steps", type=int, help="--harness: SFT steps on the teacher's accepted sessions")
+    learn.add_argument("--lr", type=float, help="GRPO's learning rate (default: 2e-5; 1e-5 with --harness)")
     learn.set_defaults(func=_learn, seed=None)
 
     grade = sub.add_parser("grade", help="grade SWE-bench predictions with swebench's grader in fresh sandboxes")

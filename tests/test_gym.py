@@ -5,7 +5,6 @@ config parser accepts them, and ``/run`` of the Polar agent (Gym's server class,
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from nemo_gym.openai_utils import NeMoGymResponseOutputMessageForTraining
 from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, VARIANTS, agent_name, gym_root
 from nemo_polar.env.gym.agent import PolarAgentConfig
+from nemo_polar.env.gym.nemo_rl import nemo_rl_sample
 from nemo_polar.env.gym.rows import (
     SHAPES,
     SPLITS,
@@ -58,42 +58,6 @@ def agent_client(tmp_path: Path) -> Iterator[TestClient]:
 def row_for(env: str, instance_id: str, shape: Shape = "polar") -> dict[str, Any]:
     [inst] = [i for i in bundled_instances() if i.instance_id == instance_id]
     return example_row(inst, agent_name(env), shape)
-
-
-def nemo_rl_sample(result: dict[str, Any], mask_flagged_samples: bool = True) -> dict[str, Any]:
-    """NeMo-RL's post-processing of one Gym ``/run`` result, restated from NVIDIA-NeMo/RL main at 7ea279ab:
-    ``nemo_rl/environments/nemo_gym.py::NemoGym._postprocess_nemo_gym_to_nemo_rl_result`` walks the output items
-    with a non-empty ``generation_token_ids`` in order, asserts each prompt extends everything seen so far
-    ("Non-contiguous messages found!"), makes each a (context delta, generation) pair, and raises "NeMo Gym returned
-    a result with no generation data" when none has tokens; the whole result becomes ``full_result``.
-    ``extract_reward_components``/``validate_reward_components_match_scalar`` (same file) check optional
-    ``reward_components`` against the scalar reward. The mask is ``full_result["instance_config"]["mask_sample"]``
-    (``nemo_rl/experience/rollouts.py::_extract_mask_sample_flags``; ``rollout_manager.py::_result_to_completion``
-    pops it when ``mask_env_flagged_samples`` is off), which ``grpo.py::_apply_mask_sample_filter`` turns into a
-    zero ``loss_multiplier``. A top-level ``mask_sample`` is not read."""
-    seen: list[int] = []
-    message_log: list[dict[str, Any]] = []
-    for item in result["response"]["output"]:
-        if not item.get("generation_token_ids"):
-            continue
-        assert item["prompt_token_ids"][: len(seen)] == seen, "Non-contiguous messages found!"
-        message_log.append({"role": "user", "token_ids": item["prompt_token_ids"][len(seen) :]})
-        message_log.append(
-            {
-                "role": "assistant",
-                "token_ids": item["generation_token_ids"],
-                "generation_logprobs": item["generation_log_probs"],
-            }
-        )
-        assert len(item["generation_token_ids"]) == len(item["generation_log_probs"])
-        seen = item["prompt_token_ids"] + item["generation_token_ids"]
-    if not message_log:
-        raise ValueError("NeMo Gym returned a result with no generation data")
-    reward = float(result["reward"])
-    if result.get("reward_components"):
-        assert math.isclose(reward, sum(result["reward_components"].values()), rel_tol=1e-5, abs_tol=1e-6)
-    masked = mask_flagged_samples and bool((result.get("instance_config") or {}).get("mask_sample", False))
-    return {"message_log": message_log, "reward": reward, "loss_multiplier": 0.0 if masked else 1.0}
 
 
 def test_the_restated_nemo_rl_check_rejects_what_nemo_rl_rejects() -> None:

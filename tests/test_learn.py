@@ -13,8 +13,9 @@ import pytest
 
 from nemo_polar.cli import main
 from nemo_polar.engine.launcher import engine_python
-from nemo_polar.learn.loop import WORKER, LearnConfig, learn, rows
+from nemo_polar.learn.loop import LearnConfig, learn, rows
 from nemo_polar.learn.tasks import split
+from nemo_polar.learn.trainer import WORKER
 from nemo_polar.reconstruct.io import load_records
 from nemo_polar.reconstruct.trace import Span, Trace
 

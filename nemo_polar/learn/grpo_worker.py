@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 
 class LossConfig:
@@ -80,8 +82,75 @@ def clipped_pg_loss(
 
 
 def _pad(rows: list[dict[str, Any]], key: str, fill: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    width = max(len(r["input_ids"]) for r in rows)
+    width = max(len(r[key]) for r in rows)
     return torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows], dtype=dtype, device=device)
+
+
+def shared_prefix(rows: list[dict[str, Any]]) -> int:
+    """How many leading tokens every row of a micro-batch shares and none trains on: their keys and values are
+    computed once (with gradient) and reused by every row. It stops one token before the first trainable one, whose
+    logprob needs the hidden state of the token before it in the per-row pass."""
+    head = rows[0]["input_ids"]
+    common = min(len(r["input_ids"]) for r in rows)
+    for r in rows[1:]:
+        common = next((i for i in range(common) if r["input_ids"][i] != head[i]), common)
+    trainable = min(r["token_mask"].index(1) if 1 in r["token_mask"] else len(r["token_mask"]) for r in rows)
+    return max(0, min(common, trainable - 1))
+
+
+class SharedPrefix:
+    """The prefix every row of a batch shares and none trains on, computed once per step. Its keys and values are
+    detached leaves that every micro-batch attends to and accumulates its gradient into; :meth:`backward` then runs
+    the prefix's own backward pass once with the summed gradient: the same gradient as each row computed alone."""
+
+    def __init__(self, model: torch.nn.Module, rows: list[dict[str, Any]], device: torch.device) -> None:
+        self.length = shared_prefix(rows)
+        self.computed: list[torch.Tensor] = []
+        self.leaves: list[torch.Tensor] = []
+        if self.length:
+            ids = torch.tensor([rows[0]["input_ids"][: self.length]], device=device)
+            cache = model.model(input_ids=ids, use_cache=True).past_key_values
+            self.computed = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+            self.leaves = [t.detach().requires_grad_(True) for t in self.computed]
+
+    def cache(self, batch: int) -> DynamicCache | None:
+        """A cache of the prefix for ``batch`` rows (a view per row: their gradients sum into the leaves)."""
+        if not self.length:
+            return None
+        rows = [t.expand(batch, -1, -1, -1) for t in self.leaves]
+        return DynamicCache(ddp_cache_data=list(zip(rows[::2], rows[1::2], strict=True)))
+
+    def backward(self) -> None:
+        pairs = [(t, leaf.grad) for t, leaf in zip(self.computed, self.leaves, strict=True) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def trainable_logprobs(
+    model: torch.nn.Module, rows: list[dict[str, Any]], device: torch.device, prefix: SharedPrefix | None = None
+) -> dict[str, Any]:
+    """The logprobs of a micro-batch's trainable tokens only, flattened in row order, with the row index and the
+    position of each. The rows start after ``prefix`` (shared by the whole batch, see :class:`SharedPrefix`); the
+    output head and the softmax run only where a token is trained (a 2k-token harness row with a 49k vocabulary
+    would otherwise be ~0.4 GB of fp32 logits)."""
+    start = prefix.length if prefix else 0
+    tails = [{"input_ids": r["input_ids"][start:], "token_mask": r["token_mask"][start:]} for r in rows]
+    for t in tails:
+        t["attention"] = [1] * len(t["input_ids"])
+    ids = _pad(tails, "input_ids", 0, torch.long, device)
+    attention = _pad(tails, "attention", 0, torch.long, device)
+    cache = prefix.cache(len(rows)) if prefix else None
+    if cache is not None:
+        attention = torch.cat([attention.new_ones(len(rows), start), attention], dim=1)
+    hidden = model.model(input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=False)
+    hidden = hidden.last_hidden_state
+    # Position t of a tail predicts its token t + 1: select the positions whose next token is trained.
+    target = _pad(tails, "token_mask", 0, torch.long, device)[:, 1:].bool()
+    rows_at, pos_at = target.nonzero(as_tuple=True)
+    logits = model.lm_head(hidden[rows_at, pos_at]).float()  # NeMo-RL casts logits to fp32 first
+    tokens = ids[rows_at, pos_at + 1]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return {"logprobs": logprobs, "row": rows_at, "position": pos_at + 1 + start}
 
 
 class Trainer:
@@ -91,7 +160,7 @@ class Trainer:
         lr: float,
         seed: int,
         loss: dict[str, Any],
-        micro_batch: int = 16,
+        micro_batch: int = 4,
         train_embeddings: bool = False,
         dtype: str = "float32",
         device: str = "cpu",
@@ -106,55 +175,92 @@ class Trainer:
             # embedding-only change the engine's logprobs differ from the checkpoint's by ~2.5e-4 (3e-6 for any other
             # parameter). Frozen embeddings keep what the engine serves equal to what was trained.
             self.model.get_input_embeddings().weight.requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        # NeMo-RL's GRPO recipes: AdamW, no weight decay on this scale, gradient norm clipped at 1.0.
-        self.optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        self.optimizer(lr)
         self.loss = LossConfig(**loss)
         self.micro_batch = micro_batch
 
-    def step(self, batch: str, out_dir: str) -> dict[str, Any]:
+    def optimizer(self, lr: float) -> None:
+        """A fresh optimiser (a new training stage, as GRPO starting from an SFT checkpoint): NeMo-RL's recipes'
+        AdamW, no weight decay on this scale, the gradient norm clipped at 1.0 in each step."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+    def _batch(self, batch: str) -> tuple[list[dict[str, Any]], int]:
+        """The batch's rows that train (``sample_mask`` 1), sorted so that rows sharing a prefix share a micro-batch,
+        and the batch's count of trainable tokens (the token-level loss's denominator)."""
         rows = [json.loads(line) for line in Path(batch).read_text().splitlines() if line.strip()]
-        for r in rows:
-            r["attention"] = [1] * len(r["input_ids"])
-            r["advantages"] = [r["advantage"]] * len(r["input_ids"])
-        valid = sum(sum(r["token_mask"][1:]) * r["sample_mask"] for r in rows)
+        rows = sorted((r for r in rows if r["sample_mask"]), key=lambda r: r["input_ids"])
+        valid = sum(sum(r["token_mask"][1:]) for r in rows)
         if valid == 0:
             raise ValueError("no trainable token in the batch")
+        return rows, valid
+
+    def step(self, batch: str, out_dir: str) -> dict[str, Any]:
+        """One GRPO step: the clipped PG loss over the batch's trainable tokens, one optimiser step, a checkpoint."""
+        started = time.monotonic()
+        rows, valid = self._batch(batch)
         totals = {"loss": 0.0, "mult_prob_error": 0.0, "gen_kl": 0.0, "abs_delta": 0.0, "max_abs_delta": 0.0}
         self.optim.zero_grad(set_to_none=True)
+        prefix = SharedPrefix(self.model, rows, self.device)
         for i in range(0, len(rows), self.micro_batch):
             mb = rows[i : i + self.micro_batch]
-            ids = _pad(mb, "input_ids", 0, torch.long, self.device)
-            attention = _pad(mb, "attention", 0, torch.long, self.device)
-            mask = _pad(mb, "token_mask", 0, torch.float32, self.device)[:, 1:] * torch.tensor(
-                [float(r["sample_mask"]) for r in mb], device=self.device
-            ).unsqueeze(-1)
-            generation = _pad(mb, "generation_logprobs", 0.0, torch.float32, self.device)[:, 1:]
-            advantages = _pad(mb, "advantages", 0.0, torch.float32, self.device)[:, 1:]
-            curr = token_logprobs(self.model, ids, attention)
+            out = trainable_logprobs(self.model, mb, self.device, prefix)
+            curr, at = out["logprobs"], list(zip(out["row"].tolist(), out["position"].tolist(), strict=True))
+            generation = torch.tensor([mb[r]["generation_logprobs"][t] for r, t in at], device=self.device)
+            advantages = torch.tensor([float(mb[r]["advantage"]) for r, _ in at], device=self.device)
             prev = curr.detach()
+            mask = torch.ones_like(prev)
             loss = clipped_pg_loss(curr, prev, generation, advantages, mask, float(valid), self.loss)
             loss.backward()
             with torch.no_grad():
-                delta = (generation - prev).abs() * mask
+                delta = (generation - prev).abs()
                 totals["loss"] += float(loss)
-                totals["mult_prob_error"] += float((torch.exp(delta) * mask).sum())
+                totals["mult_prob_error"] += float(torch.exp(delta).sum())
                 log_ratio = prev - generation  # k3 estimator of KL(generation || trainer), as NeMo-RL's gen_kl_error
-                totals["gen_kl"] += float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
+                totals["gen_kl"] += float((torch.exp(log_ratio) - log_ratio - 1).sum())
                 totals["abs_delta"] += float(delta.sum())
                 totals["max_abs_delta"] = max(totals["max_abs_delta"], float(delta.max()))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.optim.param_groups[0]["params"], max_norm=1.0))
-        self.optim.step()
-        self.save(out_dir)
-        return {
-            "loss": totals["loss"],
-            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "tokens": int(valid),
-            "samples": len(rows),
+        prefix.backward()
+        return self._update(out_dir, totals["loss"], valid, rows, prefix.length, started) | {
             "token_mult_prob_error": totals["mult_prob_error"] / valid,
             "gen_kl_error": totals["gen_kl"] / valid,
             "mean_abs_logprob_delta": totals["abs_delta"] / valid,
             "max_abs_logprob_delta": totals["max_abs_delta"],
+        }
+
+    def sft_step(self, batch: str, out_dir: str) -> dict[str, Any]:
+        """One supervised step on the batch's trainable tokens (their mean negative log-likelihood): the warm-up on
+        accepted sessions, NeMo-RL's SFT ``NLLLoss`` over the same rows and the same forward pass as GRPO."""
+        started = time.monotonic()
+        rows, valid = self._batch(batch)
+        total = 0.0
+        self.optim.zero_grad(set_to_none=True)
+        prefix = SharedPrefix(self.model, rows, self.device)
+        for i in range(0, len(rows), self.micro_batch):
+            out = trainable_logprobs(self.model, rows[i : i + self.micro_batch], self.device, prefix)
+            loss = -out["logprobs"].sum() / valid
+            loss.backward()
+            total += float(loss)
+        prefix.backward()
+        return self._update(out_dir, total, valid, rows, prefix.length, started)
+
+    def _update(
+        self, out_dir: str, loss: float, valid: int, rows: list[dict[str, Any]], prefix: int, started: float
+    ) -> dict[str, Any]:
+        """Clip the gradient norm, step, write the checkpoint; what the step computed and what it cost."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.optim.param_groups[0]["params"], max_norm=1.0))
+        self.optim.step()
+        compute_s = time.monotonic() - started
+        self.save(out_dir)
+        return {
+            "loss": loss,
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "tokens": int(valid),
+            "samples": len(rows),
+            "row_tokens": sum(len(r["input_ids"]) for r in rows),
+            "shared_prefix_tokens": prefix,
+            "compute_s": compute_s,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
     def save(self, out_dir: str) -> None:
@@ -205,6 +311,11 @@ def serve() -> None:
                 raise RuntimeError("send {'op': 'init', ...} first")
             elif op == "step":
                 reply = trainer.step(**req)
+            elif op == "optimizer":
+                trainer.optimizer(**req)
+                reply = {}
+            elif op == "sft_step":
+                reply = trainer.sft_step(**req)
             elif op == "save":
                 trainer.save(**req)
                 reply = {}

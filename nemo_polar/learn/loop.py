@@ -14,8 +14,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import random
-import shutil
-import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,10 +22,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec, engine_python, free_port, resolve_model
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, resolve_model
 from nemo_polar.engine.weights import load_weights
 from nemo_polar.env.verdict import VerdictPolicy, cross_version
 from nemo_polar.learn.tasks import Task, split
+from nemo_polar.learn.trainer import TrainerProcess, drop_older
 from nemo_polar.proxy.app import ProxyConfig
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
@@ -36,7 +35,6 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.advantages import assign, group_advantages
 
-WORKER = Path(__file__).with_name("grpo_worker.py")
 FOLLOW_UP = "Answer with only the number."
 EVAL_PHASE = 100_000  # request seeds of the held-out evaluations (steps use their index)
 STRADDLE_PHASE = 200_000  # request seeds of the sessions that span a sync
@@ -127,43 +125,6 @@ class LearnResult(BaseModel):
     steps: list[StepResult]
     served: ServedProbe
     wall_s: float
-
-
-class TrainerProcess:
-    """The ``grpo_worker`` process in the engine virtualenv (its optimiser state lives across steps)."""
-
-    def __init__(self, log: Path) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log.open("ab")
-        self.proc = subprocess.Popen(
-            [str(engine_python()), "-W", "ignore", str(WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-
-    def call(self, op: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"trainer exited with code {self.proc.wait()} (log: {self._log.name})")
-        reply = json.loads(line)
-        if not reply.pop("ok"):
-            raise RuntimeError(f"trainer {op}: {reply['error']}")
-        return reply
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def rows(traces: list[Trace], sample_mask: int = 1) -> list[dict[str, Any]]:
@@ -310,7 +271,7 @@ def learn(cfg: LearnConfig, on_step: Any = None) -> LearnResult:
                 learner.proxy.pause(timeout_s=120)
                 load_weights(engine_url, checkpoint)
                 learner.proxy.resume(policy_version=version + 1)
-                _drop_older(checkpoint)
+                drop_older(checkpoint)
                 sync_s = time.monotonic() - t2
                 done = learner.end_straddle(straddle, learner.request_seed(STRADDLE_PHASE + step, 1))
                 carried, carried_rows = carry(done, policy)
@@ -377,10 +338,3 @@ def probe(record: CallRecord, trainer: TrainerProcess, base: Path) -> ServedProb
         return sum(abs(a - b) for a, b in zip(scored, record.sampled_logprobs, strict=True)) / len(scored)
 
     return ServedProbe(tokens=len(record.sampled_token_ids), vs_trained=gap(None), vs_base=gap(str(base)))
-
-
-def _drop_older(checkpoint: Path) -> None:
-    """Keep only the checkpoint the engine now serves (each is a full copy of the weights)."""
-    for old in checkpoint.parent.iterdir():
-        if old != checkpoint and old.name.startswith("v"):
-            shutil.rmtree(old, ignore_errors=True)

@@ -9,11 +9,14 @@ import html
 import io
 import statistics
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from nemo_polar.learn.harness_loop import HarnessLearnConfig, HarnessLearnResult, HarnessStep, learn_through_harness
 from nemo_polar.learn.loop import LearnConfig, LearnResult, StepResult, learn
+from nemo_polar.learn.rollouts import PhaseStats
 
 
 class SeedSummary(BaseModel):
@@ -127,3 +130,73 @@ def render_html(summary: LearnSummary) -> str:
         "<th>served vs trained |Δ|</th><th>served vs base |Δ|</th><th>wall s</th></tr>"
         f"{rows}</table>{plot}<p>{html.escape('A check of the data path, not a replacement for NeMo-RL.')}</p>"
     )
+
+
+class HarnessSeedSummary(BaseModel):
+    """One seed through the CLI: the held-out tasks before the warm-up, at the start of RL and at its end, and
+    the per-step curves a user wants (reward, valid-tool-call rate, tokens per session)."""
+
+    seed: int
+    harness: str
+    base: PhaseStats | None
+    warmed: PhaseStats
+    final: PhaseStats
+    held_out_before: float = Field(description="held-out reward at the start of RL (after any warm-up)")
+    held_out_after: float = Field(description="held-out reward at the end of RL")
+    gain: float
+    reward_per_step: list[float]
+    valid_tool_call_rate_per_step: list[float]
+    tokens_per_session_per_step: list[float]
+    teacher: str | None
+    wall_s: float
+
+
+class HarnessLearnSummary(BaseModel):
+    harness: str
+    seeds: list[HarnessSeedSummary]
+    mean_gain: float
+    gain_spread: float = Field(description="max - min of the per-seed gains during RL")
+    outputs: dict[str, Path]
+
+
+def summarise_harness(result: HarnessLearnResult) -> HarnessSeedSummary:
+    return HarnessSeedSummary(
+        seed=result.config.seed,
+        harness=result.harness,
+        base=result.base,
+        warmed=result.warmed,
+        final=result.final,
+        held_out_before=result.held_out_before,
+        held_out_after=result.held_out_after,
+        gain=result.held_out_after - result.held_out_before,
+        reward_per_step=[s.rollouts.reward for s in result.steps],
+        valid_tool_call_rate_per_step=[s.rollouts.valid_tool_call_rate for s in result.steps],
+        tokens_per_session_per_step=[s.rollouts.tokens_per_session for s in result.steps],
+        teacher=result.warmup.teacher if result.warmup else None,
+        wall_s=result.wall_s,
+    )
+
+
+def run_harness_seeds(configs: list[HarnessLearnConfig], out: Path) -> HarnessLearnSummary:
+    """Each seed in turn, a line per phase; OUT/learn.json keeps every seed's summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = []
+    for cfg in configs:
+
+        def phase(name: str, value: Any, seed: int = cfg.seed) -> None:
+            shown = getattr(value, "reward", None)
+            if isinstance(value, HarnessStep):
+                shown = f"step {value.step}: reward {value.rollouts.reward:.2f}"
+            print(f"seed {seed} · {name}: {shown}", flush=True)
+
+        seeds.append(summarise_harness(learn_through_harness(cfg, on_phase=phase)))
+    gains = [s.gain for s in seeds]
+    summary = HarnessLearnSummary(
+        harness=configs[0].harness,
+        seeds=seeds,
+        mean_gain=statistics.fmean(gains),
+        gain_spread=max(gains) - min(gains),
+        outputs={"json": out / "learn.json"},
+    )
+    summary.outputs["json"].write_text(summary.model_dump_json(indent=2))
+    return summary
