@@ -120,11 +120,15 @@ demo:
 bench: setup
 	$(BIN)/python -m bench.run
 
-# The closed GRPO loop (nemo_polar/learn): two seeds of SmolLM2-135M learning "which number is bigger?" through the
-# proxy, with real weight syncs into vLLM; runs/learn/learn.json and learn.html. About 25 minutes on 2 cores.
-.PHONY: learn
+# The closed GRPO loop through an unchanged CLI (nemo_polar/learn): two seeds of SmolLM2-135M, every rollout a Pi
+# session through the Gym episode path, a warm-up from the teacher's accepted sessions, then GRPO with real weight
+# syncs into vLLM; runs/learn/learn.json. About 30 minutes per seed on 2 cores. learn-quick: the one-call chat loop
+# ("which number is bigger?"), about 25 minutes for both seeds.
+.PHONY: learn learn-quick
 learn: setup
-	$(BIN)/polar learn -o runs/learn
+	$(BIN)/polar learn --harness pi -o runs/learn
+learn-quick: setup
+	$(BIN)/polar learn -o runs/learn-quick
 
 # Multi-context sessions from the real CLIs (examples/tasks/patterns): every scenario in bwrap, then the scenario x CLI
 # table written into docs/harnesses.md (polar patterns exits 1 if a scenario lost tokens, failed its audit or did not run).

@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("-o", "--output", type=Path, default=Path("runs/learn"), help="the output directory")
     learn.add_argument("--harness", help="learn through this CLI (pi, mini_swe_agent, ...); default: the quick mode")
     learn.add_argument("--seed", type=int, action="append", help="a seed (repeatable; default: 0 and 1)")
-    learn.add_argument("--steps", type=int, help="GRPO steps (default: 12; 6 with --harness)")
+    learn.add_argument("--steps", type=int, help="GRPO steps (default: 12; 4 with --harness)")
     learn.add_argument("--prompts", type=int, help="tasks per step, a GRPO group each (default: 8; 4 with --harness)")
     learn.add_argument("--generations", type=int, help="sessions per task: the group (default: 8; 4 with --harness)")
     learn.add_argument("--held-out", type=int, help="held-out tasks (default: 32; 8 with --harness)")

@@ -53,18 +53,18 @@ class HarnessLearnConfig(BaseModel):
     held_out: int = Field(default=8, ge=1)
     eval_samples: int = Field(default=2, ge=1, description="sessions per held-out task in each evaluation")
     base_eval: bool = Field(default=True, description="evaluate the base model before the warm-up")
-    warmup_tasks: int = Field(default=8, ge=0, description="training tasks the teacher attempts once each")
+    warmup_tasks: int = Field(default=12, ge=0, description="training tasks the teacher attempts once each")
     warmup_steps: int = Field(default=4, ge=0)
     warmup_lr: float = 1e-4
-    steps: int = Field(default=6, ge=0, description="GRPO steps")
+    steps: int = Field(default=4, ge=0, description="GRPO steps")
     groups_per_step: int = Field(default=4, ge=1)
     generations: int = Field(default=4, ge=2, description="sessions per task: a GRPO group")
     lr: float = 1e-5
     clip: float = 0.2
-    max_tokens: int = Field(default=160, ge=1, description="the cap on each model call the CLI makes")
+    max_tokens: int = Field(default=96, ge=1, description="the cap on each model call the CLI makes")
     temperature: float = 1.0
     concurrency: int = Field(default=8, ge=1, description="CLI sessions at once")
-    timeout: float = Field(default=240.0, gt=0, description="seconds for one CLI run")
+    timeout: float = Field(default=120.0, gt=0, description="seconds for one CLI run (a looping session is masked)")
     engine_dtype: str | None = "float32"
 
     def model_post_init(self, context: Any) -> None:
