@@ -29,13 +29,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, resolve_model
-from nemo_polar.engine.weights import load_weights
+from nemo_polar.engine.launcher import resolve_model
 from nemo_polar.env.gym.nemo_rl import trainer_row
 from nemo_polar.env.harness import HARNESSES
 from nemo_polar.learn.lookup_tasks import write_task_repo
 from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout
-from nemo_polar.learn.trainer import TrainerProcess, drop_older
+from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
 from nemo_polar.proxy.app import ProxyConfig
 from nemo_polar.proxy.serve import ProxyServer
 from nemo_polar.rewards.advantages import group_advantages
@@ -146,11 +145,8 @@ class Learner:
     def sync(self, checkpoint: Path) -> float:
         """The weight sync: in-flight calls drain, the engine reloads in place, later calls carry the new version."""
         t0 = time.monotonic()
-        self.proxy.pause(timeout_s=120)
-        load_weights(self.engine_url, checkpoint)
         self.version += 1
-        self.proxy.resume(policy_version=self.version)
-        drop_older(checkpoint)
+        sync_weights(self.proxy, self.engine_url, checkpoint, self.version)
         return time.monotonic() - t0
 
     def checkpoint(self) -> Path:
@@ -210,11 +206,7 @@ def learn_through_harness(
     train, held_out = splits["train"], splits["held_out"]
     rng = random.Random(cfg.seed)
     model_dir, _, _ = resolve_model(cfg.model)
-    engine = EngineProcess(
-        EngineSpec(model=cfg.model, port=free_port(), dtype=cfg.engine_dtype, weight_sync=True),
-        log_path=cfg.out / "engine.log",
-    )
-    engine_url = engine.start(timeout=600)
+    engine, engine_url = start_engine(cfg.model, cfg.engine_dtype, cfg.out)
     trainer = TrainerProcess(cfg.out / "trainer.log")
     try:
         lr = cfg.warmup_lr if cfg.warmup_steps and cfg.warmup_tasks else cfg.lr

@@ -22,11 +22,10 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field
 
-from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, resolve_model
-from nemo_polar.engine.weights import load_weights
+from nemo_polar.engine.launcher import resolve_model
 from nemo_polar.env.verdict import VerdictPolicy, cross_version
 from nemo_polar.learn.tasks import Task, split
-from nemo_polar.learn.trainer import TrainerProcess, drop_older
+from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
 from nemo_polar.proxy.app import ProxyConfig
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
@@ -239,11 +238,7 @@ def learn(cfg: LearnConfig, on_step: Any = None) -> LearnResult:
     model_dir, served, _ = resolve_model(cfg.model)
     train_pool, held_out = split(cfg.seed, cfg.held_out)
     rng = random.Random(cfg.seed)
-    engine = EngineProcess(
-        EngineSpec(model=cfg.model, port=free_port(), dtype=cfg.engine_dtype, weight_sync=True),
-        log_path=cfg.out / "engine.log",
-    )
-    engine_url = engine.start(timeout=600)
+    engine, engine_url = start_engine(cfg.model, cfg.engine_dtype, cfg.out)
     trainer = TrainerProcess(cfg.out / "trainer.log")
     try:
         trainer.call("init", model_dir=str(model_dir), lr=cfg.lr, seed=cfg.seed, loss={"clip_min": cfg.clip})
@@ -268,10 +263,7 @@ def learn(cfg: LearnConfig, on_step: Any = None) -> LearnResult:
                 checkpoint = cfg.out / "weights" / f"v{version + 1}"
                 metrics = trainer.call("step", batch=str(batch), out_dir=str(checkpoint))
                 t2 = time.monotonic()
-                learner.proxy.pause(timeout_s=120)
-                load_weights(engine_url, checkpoint)
-                learner.proxy.resume(policy_version=version + 1)
-                drop_older(checkpoint)
+                sync_weights(learner.proxy, engine_url, checkpoint, version + 1)
                 sync_s = time.monotonic() - t2
                 done = learner.end_straddle(straddle, learner.request_seed(STRADDLE_PHASE + step, 1))
                 carried, carried_rows = carry(done, policy)

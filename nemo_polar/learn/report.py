@@ -14,7 +14,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from nemo_polar.learn.harness_loop import HarnessLearnConfig, HarnessLearnResult, HarnessStep, learn_through_harness
+from nemo_polar.learn.harness_loop import (
+    HarnessLearnConfig,
+    HarnessLearnResult,
+    HarnessStep,
+    WarmupResult,
+    learn_through_harness,
+)
 from nemo_polar.learn.loop import LearnConfig, LearnResult, StepResult, learn
 from nemo_polar.learn.rollouts import PhaseStats
 
@@ -184,9 +190,11 @@ def run_harness_seeds(configs: list[HarnessLearnConfig], out: Path) -> HarnessLe
     for cfg in configs:
 
         def phase(name: str, value: Any, seed: int = cfg.seed) -> None:
-            shown = getattr(value, "reward", None)
+            shown = f"reward {value.reward:.2f}" if isinstance(value, PhaseStats) else "skipped"
             if isinstance(value, HarnessStep):
                 shown = f"step {value.step}: reward {value.rollouts.reward:.2f}"
+            elif isinstance(value, WarmupResult):
+                shown = f"{value.accepted} of {value.sessions} teacher sessions accepted, {len(value.steps)} SFT steps"
             print(f"seed {seed} · {name}: {shown}", flush=True)
 
         seeds.append(summarise_harness(learn_through_harness(cfg, on_phase=phase)))

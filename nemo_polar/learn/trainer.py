@@ -1,5 +1,6 @@
-"""The trainer process both loops drive: ``grpo_worker`` in the engine virtualenv (torch + transformers), spoken to
-in JSON lines; its optimiser state lives across steps."""
+"""The parts both loops drive: the policy engine, the trainer process and the weight sync between them. The
+trainer is ``grpo_worker`` in the engine virtualenv (torch + transformers), spoken to in JSON lines; its optimiser
+state lives across steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.engine.launcher import engine_python
+from nemo_polar.engine.launcher import EngineProcess, EngineSpec, engine_python, free_port
+from nemo_polar.engine.weights import load_weights
+from nemo_polar.proxy.client import ProxyClient
 
 WORKER = Path(__file__).with_name("grpo_worker.py")
 
@@ -56,3 +59,19 @@ def drop_older(checkpoint: Path) -> None:
     for old in checkpoint.parent.iterdir():
         if old != checkpoint and old.name.startswith("v"):
             shutil.rmtree(old, ignore_errors=True)
+
+
+def start_engine(model: str, dtype: str | None, out: Path) -> tuple[EngineProcess, str]:
+    """The policy engine a loop samples from, with vLLM's in-place weight reload on; its log in ``out``."""
+    spec = EngineSpec(model=model, port=free_port(), dtype=dtype, weight_sync=True)
+    engine = EngineProcess(spec, log_path=out / "engine.log")
+    return engine, engine.start(timeout=600)
+
+
+def sync_weights(proxy: ProxyClient, engine_url: str, checkpoint: Path, version: int) -> None:
+    """The weight sync: the proxy pauses (in-flight calls drain, new ones wait), the engine reloads ``checkpoint``
+    in place, the proxy resumes with ``version``, which every later record carries; older checkpoints go."""
+    proxy.pause(timeout_s=120)
+    load_weights(engine_url, checkpoint)
+    proxy.resume(policy_version=version)
+    drop_older(checkpoint)
