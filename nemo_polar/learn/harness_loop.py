@@ -20,7 +20,6 @@ Each phase reports the reward, the valid-tool-call rate and the tokens per sessi
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
 from nemo_polar.proxy.app import ProxyConfig
 from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.advantages import group_advantages
 
 TEACHER = "each task's script, forced token by token through the same CLI (no larger model runs here)"
@@ -119,12 +119,6 @@ def grpo_rows(rollouts: list[Rollout], group_of: list[str]) -> tuple[list[dict[s
     return rows, sum(len(set(g.values())) > 1 for g in groups.values())
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 class Learner:
     """The running parts of one seed and the phases over them."""
 
@@ -159,7 +153,8 @@ class Learner:
         rows = [trainer_row(r.sample, 0.0) for r in accepted if r.sample is not None]
         steps = []
         if rows and self.cfg.warmup_steps:
-            batch = _write(self.cfg.out / "batches" / "warmup.jsonl", rows)
+            batch = self.cfg.out / "batches" / "warmup.jsonl"
+            write_jsonl(rows, batch)
             for _ in range(self.cfg.warmup_steps):
                 steps.append(self.trainer.call("sft_step", batch=str(batch), out_dir=str(self.checkpoint())))
             self.sync(self.checkpoint())  # the warmed-up weights are version 1: RL starts from them
@@ -176,7 +171,8 @@ class Learner:
         done = self.rollouts.run(tasks, self.cfg.generations)
         rows, signal = grpo_rows(done, [t.instance_id for t in tasks for _ in range(self.cfg.generations)])
         t1 = time.monotonic()
-        batch = _write(self.cfg.out / "batches" / f"step-{step:03d}.jsonl", rows)
+        batch = self.cfg.out / "batches" / f"step-{step:03d}.jsonl"
+        write_jsonl(rows, batch)
         trainable = any(r["sample_mask"] and r["advantage"] for r in rows)
         metrics = self.trainer.call("step", batch=str(batch), out_dir=str(self.checkpoint())) if trainable else {}
         t2 = time.monotonic()

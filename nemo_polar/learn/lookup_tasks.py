@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -147,7 +148,7 @@ def write_task(task: LookupTask, tasks_dir: Path) -> Path:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "base")
     gold, test_patch = _diff(repo, task.gold()), _diff(repo, task.test_addition())
-    subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)  # the runtime makes its own history
+    shutil.rmtree(repo / ".git")  # the runtime makes its own history
     (root / "gold.patch").write_text(gold)
     (root / "test.patch").write_text(test_patch)
     (root / "eval.sh").write_text(eval_script(test_patch))
@@ -172,7 +173,7 @@ def write_task(task: LookupTask, tasks_dir: Path) -> Path:
 def write_task_repo(out: Path, seed: int, train: int, held_out: int) -> dict[Split, list[SWEInstance]]:
     """Write the family as a SWE-bench 5 task repo under ``out`` (replacing one there) and read it back with
     swebench's reader: the instances of each split."""
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out, ignore_errors=True)
     tasks_dir = out / "tasks"
     tasks_dir.mkdir(parents=True)
     (out / "sweb.yaml").write_text(yaml.safe_dump({"datasets": ["polar-lookup"], "splits": ["train", "held_out"]}))
