@@ -122,7 +122,7 @@ bench: setup
 
 # The closed GRPO loop through an unchanged CLI (nemo_polar/learn): two seeds of SmolLM2-135M, every rollout a Pi
 # session through the Gym episode path, a warm-up from the teacher's accepted sessions, then GRPO with real weight
-# syncs into vLLM; runs/learn/learn.json. About 30 minutes per seed on 2 cores. learn-quick: the one-call chat loop
+# syncs into vLLM; runs/learn/learn.json. 24-29 minutes per seed on 2 cores. learn-quick: the one-call chat loop
 # ("which number is bigger?"), about 25 minutes for both seeds.
 .PHONY: learn learn-quick
 learn: setup

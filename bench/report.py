@@ -179,6 +179,23 @@ SPECS: dict[str, Spec] = {
             ("seed 1 after", "after_seed1"),
         ],
     ),
+    "learn_ablation": Spec(
+        "the paper's Fig. 5 with the real trainer: one sync step's Pi sessions as per-request and prefix-merged rows "
+        "(one trainer step each from the same weights), and the harness loop's GRPO steps sync vs async (staleness 1)",
+        "python -m bench.learn_ablation",
+        "the same loss and gradient both ways; fewer rows merged; the engine busier async",
+        lambda f: (
+            bool(f["same_gradient"])
+            and f["rows_per_request"] > f["rows_prefix_merging"]
+            and f["engine_busy_async"] > f["engine_busy_sync"]
+        ),
+        [
+            ("rows per request", "rows_per_request"),
+            ("rows merged", "rows_prefix_merging"),
+            ("trainer s per request", "trainer_s_per_request"),
+            ("trainer s merged", "trainer_s_prefix_merging"),
+        ],
+    ),
 }
 
 

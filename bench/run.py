@@ -38,6 +38,7 @@ BENCHES: list[tuple[str, str, list[str]]] = [
     ("cli_sessions", "bench.cli_sessions", ["--sessions", "4"]),
     ("recompute", "bench.recompute", []),
     ("learn", "bench.learn", []),
+    ("learn_ablation", "bench.learn_ablation", []),
 ]
 
 
@@ -58,7 +59,8 @@ def main() -> None:
             "POLAR_BENCH_ENGINE_PID": str(engine.proc.pid),
         }
         for name, module, extra in chosen:
-            if name in ("recompute", "learn"):  # their own engine (SmolLM2): the shared one serves random weights
+            # their own engine (SmolLM2): the shared one serves random weights
+            if name in ("recompute", "learn", "learn_ablation"):
                 env = {k: v for k, v in env.items() if not k.startswith("POLAR_BENCH_ENGINE_")}
             print(f"== {name}: python -m {module} {' '.join(extra)}", flush=True)
             t0 = time.monotonic()

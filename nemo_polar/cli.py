@@ -240,6 +240,7 @@ def _harness_learn_configs(args: argparse.Namespace) -> list[Any]:
 
     given = {"steps": args.steps, "lr": args.lr, "held_out": args.held_out, "eval_samples": args.eval_samples}
     given |= {"groups_per_step": args.prompts, "generations": args.generations, "warmup_steps": args.warmup_steps}
+    given |= {"staleness": args.staleness}
     given = {k: v for k, v in given.items() if v is not None}
     return [
         HarnessLearnConfig(harness=args.harness, out=args.output / f"seed-{seed}", seed=seed, **given)
@@ -581,10 +582,16 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--steps", type=int, help="GRPO steps (default: 12; 4 with --harness)")
     learn.add_argument("--prompts", type=int, help="tasks per step, a GRPO group each (default: 8; 4 with --harness)")
     learn.add_argument("--generations", type=int, help="sessions per task: the group (default: 8; 4 with --harness)")
-    learn.add_argument("--held-out", type=int, help="held-out tasks (default: 32; 8 with --harness)")
+    learn.add_argument("--held-out", type=int, help="held-out tasks (default: 32; 12 with --harness)")
     learn.add_argument("--eval-samples", type=int, help="sessions per held-out task (default: 4; 2 with --harness)")
     learn.add_argument("--warmup-steps", type=int, help="--harness: SFT steps on the teacher's accepted sessions")
-    learn.add_argument("--lr", type=float, help="GRPO's learning rate (default: 2e-5; 1e-5 with --harness)")
+    learn.add_argument("--lr", type=float, help="GRPO's learning rate (default: 2e-5; 3e-5 with --harness)")
+    learn.add_argument(
+        "--staleness",
+        type=int,
+        choices=(0, 1),
+        help="--harness: 1 runs step n+1's sessions while step n trains (async, truncated importance sampling)",
+    )
     learn.set_defaults(func=_learn, seed=None)
 
     grade = sub.add_parser("grade", help="grade SWE-bench predictions with swebench's grader in fresh sandboxes")

@@ -320,6 +320,28 @@ def test_a_harness_timeout_is_masked_with_its_reason(tmp_path: Path) -> None:
     assert not any("generation_token_ids" in item for item in result["response"]["output"])
 
 
+def test_on_timeout_grade_grades_what_the_killed_session_left(tmp_path: Path) -> None:
+    """The same killed CLI under ``on_timeout: grade``: swebench grades the untouched workspace (reward 0), and with
+    no model call answered there is still nothing to train on."""
+    agent = make_agent(
+        "polar_pi",
+        openai_base_url=UNREACHABLE_ENGINE,
+        work_dir=tmp_path,
+        scripted=True,
+        timeout=0.5,
+        gateway={"on_timeout": "grade"},
+    )
+    try:
+        resp = TestClient(agent.setup_webserver()).post("/run", json=row_for("polar_pi", "polar__textstats-1"))
+    finally:
+        agent.close()
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["session_status"] == "timeout" and body["failure_kind"] == "polar:no_main_chain"
+    assert body["mask_sample"] is True and body["reward"] == 0.0
+    assert (Path(body["session_dir"]) / "grade.json").is_file()  # the workspace was graded
+
+
 # -- the real loop: engine, proxy, CLI, grader --------------------------------------------------------------------
 @pytest.fixture
 def records_proxy(engine_url: str, tmp_path: Path) -> Iterator[ProxyHandle]:

@@ -111,7 +111,8 @@ def test_per_request_and_prefix_merging_give_the_same_gradient(tmp_path: Path) -
 
 
 # Run in the engine virtualenv: the loss on hand-made tensors, checked against the rules of ClippedPGLossFn in
-# NVIDIA-NeMo/RL nemo_rl/algorithms/loss_functions.py at commit 005a098a5fc04317a0ceb792e66a8b8076804618.
+# NVIDIA-NeMo/RL nemo_rl/algorithms/loss_functions.py at commit 005a098a5fc04317a0ceb792e66a8b8076804618 (truncation:
+# nemo_rl/algorithms/loss/loss_functions.py at 7ea279abfbeb698b092856d0dab61e7cf39bc909).
 LOSS_CHECK = r"""
 import importlib.util, json, sys, torch
 spec = importlib.util.spec_from_file_location("w", sys.argv[1]); w = importlib.util.module_from_spec(spec)
@@ -122,21 +123,40 @@ out = {}
 # and masked tokens get none; the loss is normalised by the batch's valid tokens, not this micro-batch's.
 curr = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
 adv = torch.tensor([[1.0, -1.0, 5.0]]); mask = torch.tensor([[1.0, 1.0, 0.0]])
-loss = w.clipped_pg_loss(curr, curr.detach(), curr.detach(), adv, mask, 4.0, cfg); loss.backward()
+loss = w.clipped_pg_loss(curr, curr.detach(), adv, mask, 4.0, cfg); loss.backward()
 out["on_policy_grad"] = curr.grad.tolist()[0]
 # Off-policy beyond the clip: ratio 1.5 > 1.2 with A > 0 and ratio 0.5 < 0.8 with A < 0 get no gradient; inside the
 # clip range the gradient is -A * ratio / valid.
 curr = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
 prev = torch.log(torch.tensor([[1 / 1.5, 1 / 0.5, 1 / 1.1]]))
 adv = torch.tensor([[1.0, -1.0, 1.0]]); mask = torch.ones(1, 3)
-w.clipped_pg_loss(curr, prev, prev, adv, mask, 3.0, cfg).backward()
+w.clipped_pg_loss(curr, prev, adv, mask, 3.0, cfg).backward()
 out["clipped_grad"] = curr.grad.tolist()[0]
 # Importance-sampling correction multiplies by exp(prev - generation).
 cfg_is = w.LossConfig(importance_sampling=True)
 curr = torch.tensor([[0.0]], requires_grad=True)
-one = torch.ones(1, 1)
-w.clipped_pg_loss(curr, curr.detach(), torch.tensor([[-0.5]]), one, one, 1.0, cfg_is).backward()
+one, row = torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long)
+weights, _ = w.importance_weights(curr.detach(), torch.tensor([[-0.5]]), one, row, cfg_is)
+w.clipped_pg_loss(curr, curr.detach(), one, one, 1.0, cfg_is, weights).backward()
 out["is_grad"] = curr.grad.item()
+# Truncation (nemo_rl/algorithms/loss/loss_functions.py at 7ea279ab): weights e^1, e^-1, e^0.0005 over two sequences
+# (rows 0, 0, 1); tis clamps to [0, 2], icepop zeroes outside [0.5, 2], seq-mask-tis drops sequence 0 (geometric mean
+# 1) only when its window excludes 1.
+prev = torch.tensor([1.0, -1.0, 0.0005]); gen = torch.zeros(3); m = torch.ones(3); seq = torch.tensor([0, 0, 1])
+for kind, args in {"tis": (2.0, None), "icepop": (2.0, 0.5), "seq-mask-tis": (1.002, 1.0001)}.items():
+    c = w.LossConfig(importance_sampling=True, truncation=kind, truncation_max=args[0], truncation_min=args[1])
+    weights, oob = w.importance_weights(prev, gen, m, seq, c)
+    out[kind] = [weights.tolist(), oob]
+errors = []
+for bad in ({"truncation": "tis"}, {"truncation": "tis", "importance_sampling": True},
+            {"truncation": "icepop", "importance_sampling": True, "truncation_max": 2.0},
+            {"truncation": "tis", "importance_sampling": True, "truncation_max": 1.0, "truncation_min": 2.0},
+            {"truncation": "cap", "importance_sampling": True, "truncation_max": 1.0}):
+    try:
+        w.LossConfig(**bad)
+    except ValueError as exc:
+        errors.append(str(exc))
+out["errors"] = errors
 print(json.dumps(out))
 """
 
@@ -153,6 +173,12 @@ def test_the_loss_follows_nemo_rls_clipped_policy_gradient_rules() -> None:
     assert out["on_policy_grad"] == pytest.approx([-1 / 4, 1 / 4, 0.0])
     assert out["clipped_grad"] == pytest.approx([0.0, 0.0, -1.1 / 3], rel=1e-5)
     assert out["is_grad"] == pytest.approx(-(2.718281828**0.5), rel=1e-5)
+    e = 2.718281828
+    assert out["tis"][0] == pytest.approx([2.0, 1 / e, e**0.0005], rel=1e-5) and out["tis"][1] == 1
+    assert out["icepop"][0] == pytest.approx([0.0, 0.0, e**0.0005], rel=1e-5) and out["icepop"][1] == 2
+    # sequence 0's geometric mean is exactly 1 (< 1.0001): dropped; sequence 1's (e^0.0005) is kept with its raw weight
+    assert out["seq-mask-tis"][0] == pytest.approx([0.0, 0.0, e**0.0005], rel=1e-5) and out["seq-mask-tis"][1] == 1
+    assert len(out["errors"]) == 5 and all(out["errors"])
 
 
 @pytest.mark.engine

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,13 +16,17 @@ from nemo_polar.cli import main
 from nemo_polar.engine.launcher import engine_python, resolve_model
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gym.nemo_rl import trainer_row
-from nemo_polar.learn.harness_loop import HarnessLearnConfig, grpo_rows
+from nemo_polar.env.gym.trajectory import trajectory
+from nemo_polar.learn.harness_loop import Collected, HarnessLearnConfig, HarnessStep, grpo_rows, pipelined
 from nemo_polar.learn.lookup_tasks import draw, write_task_repo
-from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout, SessionStats
+from nemo_polar.learn.report import HarnessLearnSummary, HarnessSeedSummary, render_harness_html
+from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout, SessionStats, busy_fraction, session_stats
 from nemo_polar.learn.trainer import WORKER
+from nemo_polar.proxy.conversation import Message, ToolCall
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.rewards.grader import grade
 from tests.conftest import ProxyHandle
+from tests.helpers.records import child, rec
 
 
 def test_the_lookup_family_is_graded_as_swebench_grades_it(tmp_path: Path) -> None:
@@ -89,6 +95,78 @@ def test_grpo_rows_give_each_group_its_advantages_and_mask_what_the_verdict_mask
 
 
 @pytest.mark.engine
+def test_the_harness_report_shows_each_seeds_phases_and_curves() -> None:
+    def phase(reward: float, valid: float) -> PhaseStats:
+        return PhaseStats(
+            sessions=24, masked=0, reward=reward, tool_call_rate=valid, valid_tool_call_rate=valid,
+            sessions_with_valid_tool_calls=valid, tokens_per_session=100.0,
+        )  # fmt: skip
+
+    fields = {
+        "harness": "pi", "base": phase(0.0, 0.0), "warmed": phase(0.2, 0.56), "final": phase(0.5, 0.64),
+        "held_out_before": 0.2, "held_out_after": 0.5, "gain": 0.3, "reward_per_step": [0.4, 0.5],
+        "valid_tool_call_rate_per_step": [0.6, 0.6], "tokens_per_session_per_step": [120.0, 110.0],
+        "teacher": "script", "wall_s": 1400.0,
+    }  # fmt: skip
+    seeds = [HarnessSeedSummary(seed=seed, **fields) for seed in (0, 1)]
+    summary = HarnessLearnSummary(harness="pi", seeds=seeds, mean_gain=0.3, gain_spread=0.0, outputs={})
+    page = render_harness_html(summary)
+    assert "polar learn through pi" in page and "+0.300" in page and "0.56 → 0.64" in page
+    assert page.count("<tr>") == 3 and "data:image/png;base64," in page
+
+
+def test_a_tool_call_without_arguments_is_read_as_empty_not_a_crash() -> None:
+    """A record leaves a call's default ``arguments`` ("{}") out: the model wrote ``{"name": ""}``, or called a tool
+    that takes none. Gym's trajectory and the loop's tool-call counts read it as ``{}``."""
+    empty = Message(role="assistant", tool_calls=[ToolCall(id="c1", name="")]).recorded()
+    bare = Message(role="assistant", tool_calls=[ToolCall(id="c2", name="read")]).recorded()
+    assert "arguments" not in empty["tool_calls"][0]
+    offered = {"tools": [{"type": "function", "function": {"name": "read"}}]}
+    first = rec("a", [1, 2], [3, 4], output=empty, request=offered)
+    records = [first, child("b", first, [5], [6], output=bare, request=offered)]
+    turns = trajectory(records, "t", "r", "m")
+    if turns is not None:  # the installed Gym has the trajectory model
+        answers = [item for turn in turns["turns"] for item in turn["answer"]]
+        assert [a["arguments"] for a in answers] == ["{}", "{}"]
+    result = {"instance_id": "t", "reward": 0.0, "mask_sample": False}
+    stats = session_stats(result, records)
+    assert (stats.tool_calls, stats.valid_tool_calls) == (2, 1)  # the nameless call is not one the harness offered
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_async_grpo_starts_the_next_steps_sessions_before_this_step_trains(staleness: int) -> None:
+    """The schedule alone (the sessions and the trainer are stand-ins that log what they do): with staleness 1,
+    collecting step n+1 is under way while step n trains and syncs; with 0 it starts only after the sync."""
+    log: list[str] = []
+    lock, started = threading.Lock(), {n: threading.Event() for n in range(3)}
+
+    def collect(tasks: list[Any]) -> Collected:
+        with lock:
+            log.append(f"collect {tasks[0]}")
+        started[tasks[0]].set()
+        return Collected(done=[], version=tasks[0], s=0.0)
+
+    def train(step: int, tasks: list[Any], collected: Collected, wait_s: float) -> HarnessStep:
+        if staleness and step < 2:
+            assert started[step + 1].wait(timeout=30), "the next step's sessions did not start before training"
+        with lock:
+            log.append(f"train {step}")
+        stats = PhaseStats.of([])
+        return HarnessStep(
+            step=step, policy_version=collected.version, rollouts=stats, groups_with_signal=0, trainer={}, sessions=[],
+            rollout_s=0.0, wait_s=wait_s, train_s=0.0, sync_s=0.0,
+        )  # fmt: skip
+
+    steps = list(pipelined([[0], [1], [2]], collect, train, staleness))
+    # the engine's busy share is the union of the calls' spans inside the window: overlaps count once
+    assert busy_fraction([(1.0, 3.0), (2.0, 4.0), (6.0, 7.0), (-1.0, 0.5)], 0.0, 10.0) == pytest.approx(0.45)
+    assert [s.policy_version for s in steps] == [0, 1, 2]
+    if staleness:
+        assert log == ["collect 0", "collect 1", "train 0", "collect 2", "train 1", "train 2"]
+    else:
+        assert log == ["collect 0", "train 0", "collect 1", "train 1", "collect 2", "train 2"]
+
+
 def test_the_teachers_session_through_the_gym_path_is_the_row_the_trainer_gets(
     proxy: ProxyHandle, tmp_path: Path
 ) -> None:

@@ -71,6 +71,17 @@ def test_a_session_failure_outranks_the_grade_and_the_tokens() -> None:
     assert v.kind == "timeout" and "boom" in (v.reason or "") and v.reward is None
 
 
+def test_on_timeout_grade_trains_on_the_workspace_a_timed_out_session_left() -> None:
+    """SWE-agent's autosubmission: the patch a looping session left is graded, and the reason says it timed out."""
+    v = verdict_of("timeout", grade=graded(), on_timeout="grade")
+    assert (v.kind, v.reward) == ("trainable", 1.0) and "timed out" in (v.reason or "") and "boom" in (v.reason or "")
+    assert verdict_of("timeout", grade=None, on_timeout="grade").kind == "evaluation_failed"
+    # only a timeout is graded as left: a harness that failed stays masked whatever the grade
+    assert verdict_of("harness_error", grade=graded(), on_timeout="grade").kind == "harness_error"
+    assert VerdictPolicy(on_timeout="grade").grades(session("timeout"))
+    assert not VerdictPolicy().grades(session("timeout"))
+
+
 def test_no_main_chain_and_a_broken_one() -> None:
     empty = judge(session(), graded(), prefix_merging([]), [], VerdictPolicy())
     assert (empty.kind, empty.reward) == ("no_main_chain", 1.0)  # graded, but nothing to train on

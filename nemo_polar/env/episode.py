@@ -97,9 +97,12 @@ def run_harness(
     )
 
 
-def grade(evaluator: Grader, session: SessionResult, attempt: AttemptDir) -> tuple[GradeResult | None, str | None]:
-    """``(grade, None)``, or ``(None, why)`` when grading raised; a session that did not complete is not graded."""
-    if session.status != "completed":
+def grade(
+    evaluator: Grader, session: SessionResult, attempt: AttemptDir, policy: VerdictPolicy
+) -> tuple[GradeResult | None, str | None]:
+    """``(grade, None)``, or ``(None, why)`` when grading raised; a session is graded when the policy
+    :meth:`~nemo_polar.env.verdict.VerdictPolicy.grades` it."""
+    if not policy.grades(session):
         return None, None
     try:
         graded = evaluator.grade(session.patch)
@@ -131,7 +134,7 @@ def conclude(
             kind="reconstruction_failed", reason=f"reconstruction failed: {exc!r}", reward=_reward(graded)
         )
         return Episode(verdict=verdict, session=session, grade=graded, metrics=_grade_metrics(session, graded))
-    if grade_error is not None and session.status == "completed":
+    if grade_error is not None and policy.grades(session):
         verdict = Verdict(kind="evaluation_failed", reason=grade_error)
     else:
         verdict = judge(session, graded, build, main, policy)
@@ -156,6 +159,7 @@ def run_episode(
     exception: the caller gets the same :class:`Episode` shape whatever happened."""
     attempt = AttemptDir(session_dir)
     attempt.root.mkdir(parents=True, exist_ok=True)
+    policy = policy or VerdictPolicy()
     try:
         evaluator = prepare(instance, attempt, runtime)
     except Exception as exc:
@@ -174,10 +178,10 @@ def run_episode(
             )
         except Exception as exc:
             return Episode.failed("run_failed", f"harness run failed: {exc}")
-        graded, error = grade(evaluator, session, attempt)
+        graded, error = grade(evaluator, session, attempt, policy)
     finally:
         evaluator.close()
-    return conclude(session, graded, policy or VerdictPolicy(), attempt, grade_error=error)
+    return conclude(session, graded, policy, attempt, grade_error=error)
 
 
 # -- what an episode reports --------------------------------------------------------------------------------------

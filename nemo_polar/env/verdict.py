@@ -77,18 +77,28 @@ class VerdictPolicy(BaseModel):
     cross_version: Literal["keep", "mask"] = Field(
         default="keep", description="sessions whose calls span policy versions: keep (importance-correct) or mask"
     )
+    on_timeout: Literal["mask", "grade"] = Field(
+        default="mask",
+        description="a session that ran out of its time: mask it, or grade the workspace it left and train on that "
+        "(the patch is the patch; SWE-agent autosubmits the same way when an agent exceeds its total execution time: "
+        "sweagent/agent/agents.py attempt_autosubmission_after_error, commit 3ea751c0)",
+    )
     mask_main_chain_breaks: bool = Field(
         default=False,
         description="mask an episode whose main chain broke into segments: a consumer that takes only the first "
         "segment (a NeMo Gym result) does not cover the trajectory the reward grades",
     )
 
+    def grades(self, session: SessionResult) -> bool:
+        """Whether the session's workspace is graded: it completed, or it timed out under ``on_timeout: grade``."""
+        return session.status == "completed" or (session.status == "timeout" and self.on_timeout == "grade")
+
 
 def judge(
     session: SessionResult, grade: GradeResult | None, build: BuildResult, main: list[Trace], policy: VerdictPolicy
 ) -> Verdict:
     """The verdict on a session that ran: ``main`` are its main-chain traces in segment order."""
-    if session.status != "completed":
+    if not policy.grades(session):
         reason = f"harness session {session.status}: {session.error or session.status}"
         return Verdict(kind=session.status, reason=reason)
     if grade is None:
@@ -106,7 +116,10 @@ def judge(
         reason = f"the main chain broke into {len(main)} segments ({reasons})"
         return Verdict(kind="main_chain_broken", reason=reason, reward=grade.reward)
     spanning = cross_version(build, policy, grade.reward)
-    return spanning or Verdict(kind="trainable", reason=grade.reason, reward=grade.reward)
+    reason = grade.reason
+    if session.status == "timeout":  # graded as it was left (on_timeout: grade)
+        reason = "; ".join(filter(None, [f"timed out, graded as left: {session.error or 'timeout'}", reason]))
+    return spanning or Verdict(kind="trainable", reason=reason, reward=grade.reward)
 
 
 def cross_version(build: BuildResult, policy: VerdictPolicy, reward: float | None) -> Verdict | None:

@@ -11,7 +11,12 @@ The loss restates ``ClippedPGLossFn`` from NVIDIA-NeMo/RL ``nemo_rl/algorithms/l
 - ``mask = token_mask[:, 1:] * sample_mask`` (``sample_mask`` is GRPO's ``loss_multiplier``: 0 drops a sample);
 - ``ratios = exp(curr - prev)``, ``clip_loss = max(-A * ratios, -A * clamp(ratios, 1 - clip_min, 1 + clip_max))``,
   optional dual clip ``c`` for ``A < 0``;
-- optional importance-sampling correction ``exp(prev - generation)`` (off by default, as in NeMo-RL's GRPO recipes);
+- optional importance-sampling correction ``exp(prev - generation)`` (off by default, as in NeMo-RL's GRPO recipes;
+  on for async GRPO, whose behaviour policy may be a version behind), optionally truncated as NeMo-RL truncates it
+  (``truncated_importance_sampling_type`` in ``nemo_rl/algorithms/loss/loss_functions.py`` at commit
+  7ea279abfbeb698b092856d0dab61e7cf39bc909): ``tis`` clamps each token's weight to ``[min or 0, max]``, ``icepop``
+  zeroes a token whose weight is outside ``[min, max]``, ``seq-mask-tis`` zeroes every token of a sequence whose
+  geometric-mean weight is outside ``[min, max]`` and keeps the others' raw weights;
 - ``loss = sum(w * clip_loss * mask) / global_valid_toks`` over the whole batch (micro-batches accumulate);
 - no reference-policy KL term (``reference_policy_kl_penalty: 0``).
 
@@ -38,6 +43,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+TRUNCATIONS = ("tis", "icepop", "seq-mask-tis")
+
 
 class LossConfig:
     def __init__(
@@ -46,11 +53,29 @@ class LossConfig:
         clip_max: float = 0.2,
         dual_clip: float | None = None,
         importance_sampling: bool = False,
+        truncation: str | None = None,
+        truncation_max: float | None = None,
+        truncation_min: float | None = None,
     ) -> None:
+        # NeMo-RL's own checks on the same settings (ClippedPGLossFn.__init__), as errors rather than asserts.
+        if truncation is not None:
+            if truncation not in TRUNCATIONS:
+                raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+            if not importance_sampling:
+                raise ValueError("truncated importance sampling needs importance_sampling: true")
+            if truncation_max is None or truncation_max <= 0:
+                raise ValueError("truncation_max must be positive")
+            if truncation_min is not None and truncation_min > truncation_max:
+                raise ValueError("truncation_min must be <= truncation_max")
+            if truncation in ("icepop", "seq-mask-tis") and truncation_min is None:
+                raise ValueError(f"truncation {truncation!r} needs truncation_min")
         self.clip_min = clip_min
         self.clip_max = clip_max
         self.dual_clip = dual_clip
         self.importance_sampling = importance_sampling
+        self.truncation = truncation
+        self.truncation_max = truncation_max
+        self.truncation_min = truncation_min
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -59,25 +84,53 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: t
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def importance_weights(
+    prev: torch.Tensor, generation: torch.Tensor, mask: torch.Tensor, sequence: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, float]:
+    """The off-policy weights ``exp(prev - generation)`` (ones when the correction is off), truncated as ``cfg``
+    says, and how many fell outside the bounds: tokens (``tis``, ``icepop``) or sequences (``seq-mask-tis``).
+    ``sequence`` gives each position's sequence (row) index."""
+    if not cfg.importance_sampling:
+        return torch.ones_like(prev), 0.0
+    log_ratio = torch.nan_to_num(prev - generation, nan=0.0, posinf=0.0, neginf=0.0)
+    weights = torch.nan_to_num(torch.exp(prev - generation), nan=0.0, posinf=0.0, neginf=0.0)
+    high, low = cfg.truncation_max, cfg.truncation_min
+    if cfg.truncation == "tis":
+        low = 0.0 if low is None else low
+        oob = float((((weights > high) | (weights < low)).float() * mask).sum())
+        return weights.clamp(min=low, max=high), oob
+    if cfg.truncation == "icepop":
+        kept = (weights >= low) & (weights <= high)
+        return torch.where(kept, weights, torch.zeros_like(weights)), float(((~kept).float() * mask).sum())
+    if cfg.truncation == "seq-mask-tis":
+        n = int(sequence.max()) + 1 if sequence.numel() else 0
+        flat = sequence.flatten()
+        sums = torch.zeros(n, device=prev.device).index_add_(0, flat, (log_ratio * mask).flatten())
+        counts = torch.zeros(n, device=prev.device).index_add_(0, flat, mask.flatten())
+        geomean = torch.exp(sums / counts.clamp(min=1.0))
+        kept = ((geomean >= low) & (geomean <= high)).float()
+        return weights * kept[sequence], float((1.0 - kept)[counts > 0].sum())
+    return weights, 0.0
+
+
 def clipped_pg_loss(
     curr: torch.Tensor,
     prev: torch.Tensor,
-    generation: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     global_valid_toks: float,
     cfg: LossConfig,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The token-level clipped PG loss of one micro-batch, normalised by the whole batch's valid tokens. All tensors
-    are ``[B, T-1]`` (already shifted: position ``t`` scores token ``t + 1``)."""
+    """The token-level clipped PG loss of one micro-batch, normalised by the whole batch's valid tokens, each token
+    weighted by ``weights`` (:func:`importance_weights`; none: 1). All tensors have one shape (position ``t`` scores
+    token ``t + 1``)."""
     ratios = torch.exp(curr - prev)
     clamped = ratios.clamp(1.0 - cfg.clip_min, 1.0 + cfg.clip_max)
     clip_loss = torch.max(-advantages * ratios, -advantages * clamped)
     if cfg.dual_clip is not None:
         clip_loss = torch.where(advantages < 0, torch.min(clip_loss, -advantages * cfg.dual_clip), clip_loss)
-    weights = torch.ones_like(prev)
-    if cfg.importance_sampling:
-        weights = torch.nan_to_num(torch.exp(prev - generation), nan=0.0, posinf=0.0, neginf=0.0)
+    weights = torch.ones_like(prev) if weights is None else weights
     return (weights * clip_loss * mask).sum() / global_valid_toks
 
 
@@ -200,6 +253,7 @@ class Trainer:
         started = time.monotonic()
         rows, valid = self._batch(batch)
         totals = {"loss": 0.0, "mult_prob_error": 0.0, "gen_kl": 0.0, "abs_delta": 0.0, "max_abs_delta": 0.0}
+        totals |= {"oob": 0.0, "is_weight": 0.0}
         self.optim.zero_grad(set_to_none=True)
         prefix = SharedPrefix(self.model, rows, self.device)
         for i in range(0, len(rows), self.micro_batch):
@@ -210,9 +264,12 @@ class Trainer:
             advantages = torch.tensor([float(mb[r]["advantage"]) for r, _ in at], device=self.device)
             prev = curr.detach()
             mask = torch.ones_like(prev)
-            loss = clipped_pg_loss(curr, prev, generation, advantages, mask, float(valid), self.loss)
+            weights, oob = importance_weights(prev, generation, mask, out["row"] + i, self.loss)
+            loss = clipped_pg_loss(curr, prev, advantages, mask, float(valid), self.loss, weights)
             loss.backward()
             with torch.no_grad():
+                totals["oob"] += oob
+                totals["is_weight"] += float(weights.sum())
                 delta = (generation - prev).abs()
                 totals["loss"] += float(loss)
                 totals["mult_prob_error"] += float(torch.exp(delta).sum())
@@ -226,6 +283,9 @@ class Trainer:
             "gen_kl_error": totals["gen_kl"] / valid,
             "mean_abs_logprob_delta": totals["abs_delta"] / valid,
             "max_abs_logprob_delta": totals["max_abs_delta"],
+            # NeMo-RL's is_oob_ratio: out-of-bounds tokens per valid token, or sequences per sequence (seq-mask-tis)
+            "is_oob_ratio": totals["oob"] / (len(rows) if self.loss.truncation == "seq-mask-tis" else valid),
+            "mean_is_weight": totals["is_weight"] / valid,
         }
 
     def sft_step(self, batch: str, out_dir: str) -> dict[str, Any]:

@@ -14,6 +14,11 @@ One seed, in order (all through one engine, one proxy and one trainer process):
    policy version);
 5. **RL end**: the held-out tasks (``held_out_after``).
 
+With ``staleness: 1`` GRPO runs as the paper's async pipeline: step ``n + 1``'s sessions run while the trainer takes
+step ``n``, so the weight sync lands in the middle of them (their calls carry either version; the verdict keeps such
+sessions, ``cross_version: keep``) and each token is weighted by ``exp(trainer - behaviour)`` against the logprob the
+proxy recorded for it, truncated (NeMo-RL's ``tis`` with cap 2.0 by default; see ``grpo_worker``).
+
 Each phase reports the reward, the valid-tool-call rate and the tokens per session. The task family is
 :mod:`nemo_polar.learn.lookup_tasks`: its reward needs the harness's own read and edit tools.
 """
@@ -22,9 +27,10 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,7 +38,7 @@ from nemo_polar.engine.launcher import resolve_model
 from nemo_polar.env.gym.nemo_rl import trainer_row
 from nemo_polar.env.harness import HARNESSES
 from nemo_polar.learn.lookup_tasks import write_task_repo
-from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout
+from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout, busy_fraction
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
 from nemo_polar.proxy.app import ProxyConfig
 from nemo_polar.proxy.serve import ProxyServer
@@ -49,7 +55,7 @@ class HarnessLearnConfig(BaseModel):
     seed: int = 0
     task_seed: int = Field(default=0, description="the task family's draw (the same for every seed)")
     train_tasks: int = Field(default=24, ge=1)
-    held_out: int = Field(default=8, ge=1)
+    held_out: int = Field(default=12, ge=1)
     eval_samples: int = Field(default=2, ge=1, description="sessions per held-out task in each evaluation")
     base_eval: bool = Field(default=True, description="evaluate the base model before the warm-up")
     warmup_tasks: int = Field(default=12, ge=0, description="training tasks the teacher attempts once each")
@@ -58,12 +64,28 @@ class HarnessLearnConfig(BaseModel):
     steps: int = Field(default=4, ge=0, description="GRPO steps")
     groups_per_step: int = Field(default=4, ge=1)
     generations: int = Field(default=4, ge=2, description="sessions per task: a GRPO group")
-    lr: float = 1e-5
+    lr: float = 3e-5
     clip: float = 0.2
     max_tokens: int = Field(default=96, ge=1, description="the cap on each model call the CLI makes")
     temperature: float = 1.0
     concurrency: int = Field(default=8, ge=1, description="CLI sessions at once")
-    timeout: float = Field(default=120.0, gt=0, description="seconds for one CLI run (a looping session is masked)")
+    timeout: float = Field(default=90.0, gt=0, description="seconds for one CLI run")
+    staleness: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="0: each step's sessions run by the weights it trains; 1: async, step n+1's sessions run while "
+        "step n trains (the paper's pipeline), with truncated importance sampling",
+    )
+    truncation: Literal["tis", "icepop", "seq-mask-tis"] = Field(
+        default="tis", description="how async GRPO truncates its importance weights (NeMo-RL's types)"
+    )
+    truncation_max: float = Field(default=2.0, gt=0, description="the importance weights' cap")
+    truncation_min: float | None = Field(default=None, description="their floor (icepop, seq-mask-tis)")
+    on_timeout: Literal["mask", "grade"] = Field(
+        default="grade",
+        description="a session that loops past its time is graded on the workspace it left (VerdictPolicy.on_timeout)",
+    )
     engine_dtype: str | None = "float32"
 
     def model_post_init(self, context: Any) -> None:
@@ -84,13 +106,24 @@ class WarmupResult(BaseModel):
 
 class HarnessStep(BaseModel):
     step: int
-    policy_version: int
+    policy_version: int = Field(description="the engine's version when the step's sessions started")
     rollouts: PhaseStats
     groups_with_signal: int
     trainer: dict[str, Any]
+    sessions: list[str] = Field(description="the step's attempt directories, in group order")
     rollout_s: float
+    wait_s: float = Field(description="how long the step waited for its sessions after the previous step's sync")
     train_s: float
     sync_s: float
+
+
+class Collected(BaseModel):
+    """One step's finished sessions."""
+
+    model_config = {"arbitrary_types_allowed": True}
+    done: list[Rollout]
+    version: int
+    s: float
 
 
 class HarnessLearnResult(BaseModel):
@@ -103,6 +136,8 @@ class HarnessLearnResult(BaseModel):
     held_out_after: float = Field(description="held-out reward at the end of RL")
     warmup: WarmupResult | None
     steps: list[HarnessStep]
+    grpo_s: float = Field(description="the GRPO steps' wall time, first session to last sync")
+    engine_busy: float = Field(description="share of the GRPO steps' wall time in which the engine served a call")
     wall_s: float
 
 
@@ -119,6 +154,29 @@ def grpo_rows(rollouts: list[Rollout], group_of: list[str]) -> tuple[list[dict[s
     return rows, sum(len(set(g.values())) > 1 for g in groups.values())
 
 
+def pipelined(
+    plan: list[list[Any]],
+    collect: Callable[[list[Any]], Collected],
+    train: Callable[[int, list[Any], Collected, float], HarnessStep],
+    staleness: int,
+) -> Iterator[HarnessStep]:
+    """Each step's sessions collected (in a worker thread), then trained on (here, sync included). With
+    ``staleness`` 1 the next step's sessions start before this step trains: generation overlaps training and the
+    weight sync lands while they run. With 0 they start after the sync."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts") as pool:
+        pending: Future[Collected] | None = pool.submit(collect, plan[0]) if plan else None
+        for step, tasks in enumerate(plan):
+            assert pending is not None
+            t0 = time.monotonic()
+            collected = pending.result()
+            wait_s = time.monotonic() - t0
+            following = plan[step + 1] if step + 1 < len(plan) else None
+            pending = pool.submit(collect, following) if following and staleness else None
+            yield train(step, tasks, collected, wait_s)
+            if following and pending is None:
+                pending = pool.submit(collect, following)
+
+
 class Learner:
     """The running parts of one seed and the phases over them."""
 
@@ -133,8 +191,10 @@ class Learner:
             concurrency=cfg.concurrency,
             timeout=cfg.timeout,
             session=session,
+            on_timeout=cfg.on_timeout,
         )
         self.version = 0
+        self.spans: list[tuple[float, float]] = []  # the GRPO sessions' model calls (engine_busy)
 
     def sync(self, checkpoint: Path) -> float:
         """The weight sync: in-flight calls drain, the engine reloads in place, later calls carry the new version."""
@@ -165,10 +225,20 @@ class Learner:
     def evaluate(self, held_out: list[Any]) -> PhaseStats:
         return PhaseStats.of(self.rollouts.run(held_out, self.cfg.eval_samples))
 
-    def grpo_step(self, step: int, tasks: list[Any]) -> HarnessStep:
-        t0 = time.monotonic()
-        version = self.version
+    def collect(self, tasks: list[Any]) -> Collected:
+        """A step's groups: ``generations`` sessions of each task."""
+        t0, version = time.monotonic(), self.version
         done = self.rollouts.run(tasks, self.cfg.generations)
+        self.spans += [span for r in done for span in r.spans]
+        return Collected(done=done, version=version, s=time.monotonic() - t0)
+
+    def grpo_steps(self, plan: list[list[Any]]) -> Iterator[HarnessStep]:
+        """The GRPO steps over ``plan`` (each step's tasks), pipelined as ``staleness`` says."""
+        return pipelined(plan, self.collect, self.train, self.cfg.staleness)
+
+    def train(self, step: int, tasks: list[Any], collected: Collected, wait_s: float) -> HarnessStep:
+        """The step's rows, one trainer step and the weight sync."""
+        done = collected.done
         rows, signal = grpo_rows(done, [t.instance_id for t in tasks for _ in range(self.cfg.generations)])
         t1 = time.monotonic()
         batch = self.cfg.out / "batches" / f"step-{step:03d}.jsonl"
@@ -179,11 +249,13 @@ class Learner:
         sync_s = self.sync(self.checkpoint()) if trainable else 0.0
         return HarnessStep(
             step=step,
-            policy_version=version,
+            policy_version=collected.version,
             rollouts=PhaseStats.of(done),
             groups_with_signal=signal,
             trainer=metrics,
-            rollout_s=t1 - t0,
+            sessions=[r.session_dir or "" for r in done],
+            rollout_s=collected.s,
+            wait_s=wait_s,
             train_s=t2 - t1,
             sync_s=sync_s,
         )
@@ -206,7 +278,10 @@ def learn_through_harness(
     trainer = TrainerProcess(cfg.out / "trainer.log")
     try:
         lr = cfg.warmup_lr if cfg.warmup_steps and cfg.warmup_tasks else cfg.lr
-        loss = {"clip_min": cfg.clip, "clip_max": cfg.clip}
+        loss: dict[str, Any] = {"clip_min": cfg.clip, "clip_max": cfg.clip}
+        if cfg.staleness:  # the behaviour policy may be a version behind the trainer's
+            loss |= {"importance_sampling": True, "truncation": cfg.truncation}
+            loss |= {"truncation_max": cfg.truncation_max, "truncation_min": cfg.truncation_min}
         trainer.call("init", model_dir=str(model_dir), lr=lr, seed=cfg.seed, loss=loss)
         # The CLIs are told to use "local-model" (PolarSettings.model): the proxy maps it to the served model.
         proxy_cfg = ProxyConfig(
@@ -223,9 +298,13 @@ def learn_through_harness(
                 warmed = learner.evaluate(held_out)
                 report("warmed", warmed)
                 steps = []
-                for step in range(cfg.steps):
-                    steps.append(learner.grpo_step(step, rng.sample(train, cfg.groups_per_step)))
-                    report("step", steps[-1])
+                plan = [rng.sample(train, cfg.groups_per_step) for _ in range(cfg.steps)]
+                grpo_start = time.time()
+                for harness_step in learner.grpo_steps(plan):
+                    steps.append(harness_step)
+                    report("step", harness_step)
+                grpo_end = time.time()
+                engine_busy = busy_fraction(learner.spans, grpo_start, grpo_end)
                 final = learner.evaluate(held_out)
                 report("final", final)
             finally:
@@ -243,6 +322,8 @@ def learn_through_harness(
         held_out_after=final.reward,
         warmup=warmup,
         steps=steps,
+        grpo_s=grpo_end - grpo_start,
+        engine_busy=engine_busy,
         wall_s=time.monotonic() - start,
     )
     (cfg.out / "learn.json").write_text(result.model_dump_json(indent=2))

@@ -119,6 +119,67 @@ def curves_png(summary: LearnSummary) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def harness_curves_png(summary: HarnessLearnSummary) -> str:
+    """Per seed, over the run's points (base, RL start, each GRPO step's rollouts, RL end): the reward, the
+    valid-tool-call rate and the tokens per session. Held-out points are squares, training rollouts circles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    panels = (
+        ("reward", "reward", "reward_per_step"),
+        ("valid-tool-call rate", "valid_tool_call_rate", "valid_tool_call_rate_per_step"),
+        ("tokens per session", "tokens_per_session", "tokens_per_session_per_step"),
+    )
+    for ax, (title, phase_key, step_key) in zip(axes, panels, strict=True):
+        for s in summary.seeds:
+            steps = getattr(s, step_key)
+            line = ax.plot(range(1, len(steps) + 1), steps, marker="o", label=f"seed {s.seed} (GRPO rollouts)")
+            held = [(-1, s.base), (0, s.warmed), (len(steps) + 1, s.final)]
+            xs = [x for x, p in held if p is not None]
+            ys = [getattr(p, phase_key) for _, p in held if p is not None]
+            ax.scatter(xs, ys, marker="s", color=line[0].get_color())
+        n = max((len(getattr(s, step_key)) for s in summary.seeds), default=0)
+        ax.set_xticks(range(-1, n + 2), ["base", "start", *(str(i) for i in range(1, n + 1)), "end"])
+        ax.set(title=title, xlabel="held-out (squares) and GRPO step rollouts (circles)")
+        ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def render_harness_html(summary: HarnessLearnSummary) -> str:
+    cells = "".join(
+        f"<tr><td>{s.seed}</td><td>{s.base.reward if s.base else float('nan'):.3f}</td>"
+        f"<td>{s.held_out_before:.3f}</td><td>{s.held_out_after:.3f}</td><td>{s.gain:+.3f}</td>"
+        f"<td>{s.warmed.valid_tool_call_rate:.2f} → {s.final.valid_tool_call_rate:.2f}</td><td>{s.wall_s:.0f}</td></tr>"
+        for s in summary.seeds
+    )
+    try:
+        plot = f"<img alt='learning curves' src='data:image/png;base64,{harness_curves_png(summary)}'>"
+    except ImportError:  # matplotlib comes with the dev extras
+        plot = "<p>(install matplotlib for the plot)</p>"
+    teacher = summary.seeds[0].teacher if summary.seeds else None
+    return (
+        f"<!doctype html><meta charset=utf-8><title>polar learn · {html.escape(summary.harness)}</title>"
+        f"<h1>polar learn through {html.escape(summary.harness)}</h1>"
+        f"<p>held-out gain during RL {summary.mean_gain:+.3f} (mean), spread across seeds {summary.gain_spread:.3f}"
+        f"</p><table border=1 cellpadding=4><tr><th>seed</th><th>base</th><th>RL start</th><th>RL end</th>"
+        f"<th>gain</th><th>valid-tool-call rate</th><th>wall s</th></tr>{cells}</table>{plot}"
+        f"<p>warm-up teacher: {html.escape(teacher or 'none')}</p>"
+    )
+
+
 def render_html(summary: LearnSummary) -> str:
     rows = "".join(
         f"<tr><td>{s.seed}</td><td>{s.held_out_before:.3f}</td><td>{s.held_out_after:.3f}</td><td>{s.gain:+.3f}</td>"
@@ -204,7 +265,8 @@ def run_harness_seeds(configs: list[HarnessLearnConfig], out: Path) -> HarnessLe
         seeds=seeds,
         mean_gain=statistics.fmean(gains),
         gain_spread=max(gains) - min(gains),
-        outputs={"json": out / "learn.json"},
+        outputs={"json": out / "learn.json", "html": out / "learn.html"},
     )
     summary.outputs["json"].write_text(summary.model_dump_json(indent=2))
+    summary.outputs["html"].write_text(render_harness_html(summary))
     return summary

@@ -20,6 +20,7 @@ from nemo_polar.env.gym.episodes import PolarEpisodes, PolarRunRequest, PolarSet
 from nemo_polar.env.gym.nemo_rl import nemo_rl_sample
 from nemo_polar.env.gym.rows import example_row
 from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.conversation import ToolCall
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.rewards.instance import SWEInstance
 
@@ -40,6 +41,20 @@ class SessionStats(BaseModel):
 class Rollout(BaseModel):
     stats: SessionStats
     sample: dict[str, Any] | None = Field(description="NeMo-RL's sample of the Gym result; None when it has none")
+    session_dir: str | None = Field(default=None, description="the attempt's directory (records, outcome, grade)")
+    spans: list[tuple[float, float]] = Field(
+        default_factory=list, description="each model call's [start, end] (wall clock): when the engine served it"
+    )
+
+
+def busy_fraction(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """The share of ``[start, end]`` in which the engine served at least one call: the union of the spans."""
+    busy, reach = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            busy, reach = busy + b - a, b
+    return busy / (end - start) if end > start else 0.0
 
 
 class PhaseStats(BaseModel):
@@ -85,12 +100,12 @@ def offered_tools(record: CallRecord) -> set[str]:
 
 
 def _valid(call: dict[str, Any], offered: set[str]) -> bool:
+    parsed = ToolCall.model_validate(call)  # a record leaves out the default arguments ("{}")
     try:
-        arguments = call.get("arguments")
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        arguments = json.loads(parsed.arguments)
     except json.JSONDecodeError:
         return False
-    return call.get("name") in offered and isinstance(parsed, dict)
+    return parsed.name in offered and isinstance(arguments, dict)
 
 
 def session_stats(result: dict[str, Any], records: list[CallRecord]) -> SessionStats:
@@ -118,7 +133,15 @@ class HarnessRollouts:
     own actions, or held to each task's script (the teacher of the warm-up)."""
 
     def __init__(
-        self, env: str, proxy: ProxyClient, work_dir: Path, *, concurrency: int, timeout: float, session: dict[str, Any]
+        self,
+        env: str,
+        proxy: ProxyClient,
+        work_dir: Path,
+        *,
+        concurrency: int,
+        timeout: float,
+        session: dict[str, Any],
+        on_timeout: str = "mask",
     ) -> None:
         common = {
             "env": env,
@@ -128,6 +151,7 @@ class HarnessRollouts:
             "concurrency": concurrency,
             "timeout": timeout,
             "session": session,
+            "gateway": {"on_timeout": on_timeout},
         }
         self.episodes = {
             scripted: PolarEpisodes(
@@ -146,8 +170,22 @@ class HarnessRollouts:
 
     async def _run(self, rows: list[dict[str, Any]], scripted: bool) -> list[Rollout]:
         episodes = self.episodes[scripted]
-        results = await asyncio.gather(*(episodes.run(PolarRunRequest.model_validate(r)) for r in rows))
-        return [self._rollout(r.model_dump(mode="json")) for r in results]
+        runs = (episodes.run(PolarRunRequest.model_validate(r)) for r in rows)
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        return [
+            self._failed(row, done) if isinstance(done, Exception) else self._rollout(done.model_dump(mode="json"))
+            for row, done in zip(rows, results, strict=True)
+        ]
+
+    @staticmethod
+    def _failed(row: dict[str, Any], exc: Exception) -> Rollout:
+        """An episode whose result could not be built (a bug, as a Gym server would answer 500): masked, so one
+        session never takes a step or a run down; the error stays in the stats."""
+        stats = SessionStats(
+            instance_id=row["instance_id"], reward=0.0, masked=True, failure_kind=f"polar:episode_error: {exc!r}"[:500],
+            calls=0, tool_calls=0, valid_tool_calls=0, generated_tokens=0,
+        )  # fmt: skip
+        return Rollout(stats=stats, sample=None)
 
     @staticmethod
     def _rollout(result: dict[str, Any]) -> Rollout:
@@ -156,7 +194,9 @@ class HarnessRollouts:
             sample = nemo_rl_sample(result)
         except ValueError:  # no generation data: nothing NeMo-RL could train on either
             sample = None
-        return Rollout(stats=session_stats(result, records), sample=sample)
+        spans = [(r.started_at, r.finished_at) for r in records if r.finished_at is not None]
+        stats = session_stats(result, records)
+        return Rollout(stats=stats, sample=sample, session_dir=result.get("session_dir"), spans=spans)
 
     def close(self) -> None:
         for episodes in self.episodes.values():

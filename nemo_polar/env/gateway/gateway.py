@@ -252,7 +252,7 @@ class Gateway:
             return
         session, grader = job.session, job.grader
         assert session is not None and grader is not None
-        grade, error = await self._blocking(episode.grade, grader, session, job.attempt)
+        grade, error = await self._blocking(episode.grade, grader, session, job.attempt, self.config.policy)
         try:
             result = await self._blocking(self.conclude, job.request, job.attempt, session, grade, error)
         except Exception as exc:  # a reconstruction bug must not kill the POSTRUN worker or strand the job

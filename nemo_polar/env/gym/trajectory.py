@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nemo_polar.proxy.conversation import ToolCall
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 
@@ -46,9 +47,10 @@ def usage(records: list[CallRecord]) -> dict[str, Any]:
 def _answer(record: CallRecord) -> list[dict[str, Any]]:
     """The call's output as Responses items: its tool calls, then its text."""
     output = record.output or {}
+    # Through the message model: a record leaves out a call's default fields (``arguments`` "{}": a call without any)
     items: list[dict[str, Any]] = [
-        {"type": "function_call", "call_id": c["id"], "name": c["name"], "arguments": c["arguments"]}
-        for c in output.get("tool_calls") or []
+        {"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments}
+        for c in map(ToolCall.model_validate, output.get("tool_calls") or [])
     ]
     text = output.get("content") if record.output is not None else record.output_text  # unparsed: the raw text
     if text:
