@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from nemo_polar.engine.build_models import FAMILIES
+from nemo_polar.engine.build_models import FAMILIES, FAMILY_FILE
 from nemo_polar.paths import cache_dir, run_dir
 
 # Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
@@ -32,8 +32,6 @@ KNOWN_MODELS = {
     "smollm2-135m-instruct": 8192,
     **{f.stand_in: f.max_model_len for f in FAMILIES.values()},
 }
-# Written beside a model family's files by the model builder: {"family", "tool_call_parser", "reasoning_parser"}.
-FAMILY_FILE = "polar-family.json"
 VLLM_PLUGINS = Path(__file__).parent / "vllm_plugins"  # on the engine's PYTHONPATH
 FORCED_TOKENS = "polar_forced_tokens:ForcedTokens"
 
