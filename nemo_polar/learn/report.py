@@ -112,14 +112,11 @@ def curves_png(summary: LearnSummary) -> str:
     mismatch.set(title="mean |engine − trainer logprob|", xlabel="step", yscale="log")
     reward.legend(fontsize=7)
     mismatch.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return _png(fig)
 
 
 def _png(fig: Any) -> str:
+    """The figure as base64 PNG (inline in the HTML report), closed after."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
