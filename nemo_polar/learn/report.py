@@ -8,6 +8,7 @@ import base64
 import html
 import io
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,14 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _img(png: Callable[[], str]) -> str:
+    """The plot as an inline image, or a line saying what it needs (matplotlib comes with the dev extras)."""
+    try:
+        return f"<img alt='learning curves' src='data:image/png;base64,{png()}'>"
+    except ImportError:
+        return "<p>(install matplotlib for the plot)</p>"
+
+
 def harness_curves_png(summary: HarnessLearnSummary) -> str:
     """Per seed, over the run's points (base, RL start, each GRPO step's rollouts, RL end): the reward, the
     valid-tool-call rate and the tokens per session. Held-out points are squares, training rollouts circles."""
@@ -162,10 +171,7 @@ def render_harness_html(summary: HarnessLearnSummary) -> str:
         f"<td>{s.warmed.valid_tool_call_rate:.2f} → {s.final.valid_tool_call_rate:.2f}</td><td>{s.wall_s:.0f}</td></tr>"
         for s in summary.seeds
     )
-    try:
-        plot = f"<img alt='learning curves' src='data:image/png;base64,{harness_curves_png(summary)}'>"
-    except ImportError:  # matplotlib comes with the dev extras
-        plot = "<p>(install matplotlib for the plot)</p>"
+    plot = _img(lambda: harness_curves_png(summary))
     teacher = summary.seeds[0].teacher if summary.seeds else None
     return (
         f"<!doctype html><meta charset=utf-8><title>polar learn · {html.escape(summary.harness)}</title>"
@@ -183,10 +189,7 @@ def render_html(summary: LearnSummary) -> str:
         f"<td>{s.served_vs_trained:.1e}</td><td>{s.served_vs_base:.1e}</td><td>{s.wall_s:.0f}</td></tr>"
         for s in summary.seeds
     )
-    try:
-        plot = f"<img alt='learning curves' src='data:image/png;base64,{curves_png(summary)}'>"
-    except ImportError:  # matplotlib comes with the dev extras
-        plot = "<p>(install matplotlib for the plot)</p>"
+    plot = _img(lambda: curves_png(summary))
     return (
         "<!doctype html><meta charset=utf-8><title>polar learn</title><h1>polar learn</h1>"
         f"<p>mean held-out gain {summary.mean_gain:+.3f}, spread of gains {summary.gain_spread:.3f}</p>"
