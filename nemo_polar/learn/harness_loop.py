@@ -120,7 +120,6 @@ class HarnessStep(BaseModel):
 class Collected(BaseModel):
     """One step's finished sessions."""
 
-    model_config = {"arbitrary_types_allowed": True}
     done: list[Rollout]
     version: int
     s: float
