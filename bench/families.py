@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from bench.common import report
 from nemo_polar.demo import TASKS, DemoRow, run_all
-from nemo_polar.engine.build_models import FAMILIES
+from nemo_polar.engine.families import stand_ins
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.env.rollout import serve_proxy
 from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
@@ -55,20 +55,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "harness_requests"
 README = ROOT / "README.md"
 NO_TOOLS = "template renders no tools"
 MARKERS = ("<!-- families:table -->", "<!-- /families:table -->")
-MODELS = ["tiny-qwen3", *(f.stand_in for f in FAMILIES.values())]
-LABELS = {
-    "tiny-qwen3": "the project's ChatML + hermes tools (Qwen vocabulary)",
-    "tiny-qwen3_hf": "Qwen3 (Qwen3-8B's template)",
-    "tiny-qwen3_5": "Qwen3.5 / 3.6 (Qwen3.5-4B's template)",
-    "tiny-llama3": "Llama 3.1 / 3.3",
-    "tiny-gpt_oss": "gpt-oss (harmony)",
-    "tiny-glm": "GLM-4.7",
-    "tiny-mistral": "Mistral NeMo 2407 (Tekken)",
-    "tiny-deepseek": "DeepSeek V3.1 (its template + the model card's tool prompt)",
-    "tiny-nemotron3_nano": "Nemotron 3 Nano (template only: stand-in tokenizer)",
-    "tiny-kimi_k2": "Kimi K2 Instruct 0905 (template only: stand-in tokenizer)",
-    "tiny-gemma": "Gemma 3 (no tool support)",
-}
 
 
 class FamilyResult(BaseModel):
@@ -189,6 +175,7 @@ def table(results: list[FamilyResult]) -> str:
         "| scripted tool calls returned | merged traces per session (breaks) | audit | render at 64k |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    labels = {name: f.label for name, f in stand_ins().items()}
     for r in results:
         refusals = ", ".join(f"{n} refused: {why}" for why, n in r.refused.items())
         accepted = f"{r.accepted}/{r.requests}" + (f" ({refusals})" if refusals else "")
@@ -201,7 +188,7 @@ def table(results: list[FamilyResult]) -> str:
             solved = returned = traces = audit = "— (no tools)"
         ms = f"{r.render_ms_64k:.1f} ms ({r.render_how})" if r.render_ms_64k is not None else r.render_how
         lines.append(
-            f"| {LABELS.get(r.model, r.model)} | `{r.model}` | {r.parsers} | {accepted} "
+            f"| {labels.get(r.model, r.model)} | `{r.model}` | {r.parsers} | {accepted} "
             f"| {r.render_equal}/{r.accepted} | {solved} | {returned} | {traces} | {audit} | {ms} |"
         )
     return "\n".join(lines)
@@ -214,7 +201,8 @@ def write_readme(text: str) -> None:
     old = [line for line in page[start:end].splitlines() if line.startswith("| ")][1:]  # its rows, less the header
     new = text.splitlines()
     rows = {_stand_in(line): line for line in [*old, *new[2:]]}
-    order = [m for m in MODELS if m in rows] + [m for m in rows if m not in MODELS]
+    known = list(stand_ins())
+    order = [m for m in known if m in rows] + [m for m in rows if m not in known]
     README.write_text(page[:start] + "\n" + "\n".join([*new[:2], *(rows[m] for m in order)]) + "\n" + page[end:])
 
 
@@ -229,7 +217,7 @@ def main() -> None:
     )
     parser.add_argument("--no-docs", action="store_true", help="print the table, leave the README's rows")
     args = parser.parse_args()
-    models = args.only or MODELS
+    models = args.only or list(stand_ins())
     out = Path(tempfile.mkdtemp(prefix="polar-families-"))
     results = []
     for model in models:

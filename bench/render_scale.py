@@ -27,10 +27,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench.common import fit_exponent, report
+from nemo_polar.engine.families import CHATML
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.prepared import as_vllm_sees_it
 from nemo_polar.proxy.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
 
+DEFAULT_MODEL = CHATML.stand_in  # the project's own
 WORDS = [
     "def",
     "class",
@@ -89,7 +91,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--context", type=int, default=65536)
     parser.add_argument("--evict", type=int, default=64, help="MiB copied before each timed render")
-    parser.add_argument("--model", default="tiny-qwen3", help="a model under $POLAR_CACHE/models (its template)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a model under $POLAR_CACHE/models (its template)")
     parser.add_argument("--text-only", action="store_true", help="no tools: for a template that renders none")
     args = parser.parse_args()
     tools = None if args.text_only else PROBE_TOOLS
@@ -146,7 +148,7 @@ def main() -> None:
         "exponent_incremental": round(exp_inc, 2),
         "template_on_new_messages_only": segmented == args.calls - 1,  # after the first; else over the whole history
     }
-    which = "" if args.model == "tiny-qwen3" else f" ({args.model})"
+    which = "" if args.model == DEFAULT_MODEL else f" ({args.model})"
     report(
         "render_scale",
         figures,

@@ -215,8 +215,8 @@ def test_which_formats_need_vllms_parsers_and_what_they_need() -> None:
     assert refused.value.code == "parser_unavailable" and "llama3_json" in refused.value.message
 
     root = str(cache_dir() / "models" / "tiny-gpt_oss")
-    from nemo_polar.engine.launcher import model_family
+    from nemo_polar.engine.families import read_family_file
 
-    local = EngineInfo(model="m", max_model_len=None, eot_id=None, root=root, family=model_family(Path(root)))
+    local = EngineInfo(model="m", max_model_len=None, eot_id=None, root=root, family=read_family_file(Path(root)))
     assert family_format(local, None, None) == FamilyFormat(root, "openai", "openai_gptoss", harmony=True)
     assert family_format(local, "hermes", "qwen3") is None  # the proxy's flags win over the directory's file

@@ -1,5 +1,5 @@
 """Real model families' tokenizers and chat templates behind the proxy, on tiny random-weight stand-ins built from
-pinned releases (``make setup``: nemo_polar/engine/build_models.py FAMILIES), served by vLLM with the family's
+pinned releases (``make setup``: nemo_polar/engine/build_models.py STAND_INS), served by vLLM with the family's
 parsers. Every real CLI request replays in continuation mode: accepted, the proxy's in-process render equal to the
 engine's ``/tokenize``, the recorded ids and logprobs the engine's. A template that takes system messages only
 first gets them where it takes them (``TemplateTraits``), and a conversation the template refuses is a
@@ -401,14 +401,13 @@ def test_the_deepseek_tool_template_renders_what_v31s_own_does_and_the_model_car
 
 @pytest.mark.parametrize("model", list(PARSERS))
 def test_the_family_directory_names_its_parsers(model: str) -> None:
-    from nemo_polar.engine.build_models import FAMILIES
-    from nemo_polar.engine.launcher import EngineSpec, model_family, resolve_model
+    from nemo_polar.engine.families import read_family_file, stand_ins
+    from nemo_polar.engine.launcher import EngineSpec, resolve_model
 
     path, name, max_len = resolve_model(model)
-    [folder] = [f.folder for f in FAMILIES.values() if f.stand_in == model]
-    assert model_family(path)["family"] == folder and (name, max_len) == (model, 32768)
+    assert read_family_file(path)["family"] == stand_ins()[model].name and (name, max_len) == (model, 32768)
     # A template-only family's directory says its tokenizer is a stand-in (the fidelity table labels its row so).
-    assert bool(model_family(path).get("tokenizer_stand_in")) == (model in STAND_INS)
+    assert bool(read_family_file(path).get("tokenizer_stand_in")) == (model in STAND_INS)
     cmd, _ = EngineSpec(model=model).command()
     tool, reasoning = PARSERS[model]
     assert (cmd[cmd.index("--tool-call-parser") + 1] if tool else "--tool-call-parser" not in cmd) == (tool or True)

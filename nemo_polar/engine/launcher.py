@@ -19,27 +19,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from nemo_polar.engine.build_models import FAMILIES, FAMILY_FILE
+from nemo_polar.engine.families import read_family_file, served_trait, stand_ins
 from nemo_polar.paths import cache_dir, run_dir
 
-# Context lengths: tiny-qwen3 must hold a full harness request (Codex/Claude/Qwen send 12-20k tokens).
-KNOWN_MODELS = {
-    "tiny-qwen3": 32768,
-    "smollm2-135m-instruct": 8192,
-    **{f.stand_in: f.max_model_len for f in FAMILIES.values()},
-}
+SMOLLM2 = "smollm2-135m-instruct"  # real weights with the project's ChatML template, 8k context
 VLLM_PLUGINS = Path(__file__).parent / "vllm_plugins"  # on the engine's PYTHONPATH
 FORCED_TOKENS = "polar_forced_tokens:ForcedTokens"
 
 
-def model_family(path: Path) -> dict[str, Any]:
-    """What a model directory says about its family (empty for a directory without the file)."""
-    file = path / FAMILY_FILE
-    return json.loads(file.read_text()) if file.exists() else {}
+def known_models() -> dict[str, int]:
+    """The models ``make setup`` builds, by name, with their context lengths: every family's stand-in (tiny-qwen3
+    must hold a full harness request: Codex/Claude/Qwen send 12-20k tokens) and SmolLM2."""
+    return {**{name: f.max_model_len for name, f in stand_ins().items()}, SMOLLM2: 8192}
 
 
 _handed_out: set[int] = set()
@@ -93,14 +87,15 @@ def engine_python() -> Path:
 
 def resolve_model(model: str) -> tuple[Path, str, int | None]:
     """``(directory, served name, max_model_len)`` for a known model name or a model directory."""
-    if model in KNOWN_MODELS:
+    known = known_models()
+    if model in known:
         path = cache_dir() / "models" / model
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"model {model!r} is not built at {path}: run `make setup`")
-        return path, model, KNOWN_MODELS[model]
+        return path, model, known[model]
     path = Path(model).expanduser().resolve()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{model!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a model directory")
+        raise FileNotFoundError(f"{model!r} is neither a known model ({', '.join(known)}) nor a model directory")
     return path, path.name, None
 
 
@@ -146,12 +141,12 @@ class EngineSpec:
             "--max-logprobs",
             str(self.max_logprobs),
         ]
-        family = model_family(path)
+        family = read_family_file(path)
         # A family whose template renders no tools names no parser (the proxy refuses tools requests to it).
-        tool_parser = self.tool_call_parser or family.get("tool_call_parser", "hermes")
+        tool_parser = self.tool_call_parser or served_trait(family, "tool_call_parser")
         if tool_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
-        reasoning = self.reasoning_parser or family.get("reasoning_parser")
+        reasoning = self.reasoning_parser or served_trait(family, "reasoning_parser")
         if reasoning:
             # With a reasoning parser vLLM applies structured outputs only once reasoning has ended; the scripted
             # policy constrains a whole sample, its reasoning included (Qwen3.5's prompt opens "<think>" itself).

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.engine.families import CallIdForm
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.sampling import SamplingParams
 
@@ -157,10 +158,6 @@ class TemplateTraits(BaseModel):
         return out, " ".join(notes) or None
 
 
-CallIdForm = Literal["as_sent", "alnum9", "functions_index"]
-# The call-id form a family's format needs where its template would take any id, by vLLM's tool-call parser name:
-# the kimi_k2 parser drops a call whose header is not functions.NAME:INDEX.
-CALL_ID_FORMS: dict[str, CallIdForm] = {"kimi_k2": "functions_index"}
 _FORMS: dict[str, re.Pattern[str]] = {
     "alnum9": re.compile(r"[A-Za-z0-9]{9}"),
     "functions_index": re.compile(r"functions\.[^\s:]+:\d+"),

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from nemo_polar.engine.launcher import model_family
+from nemo_polar.engine.families import CHATML, read_family_file, served_trait
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.parser import THINK_CLOSE, THINK_OPEN
@@ -36,7 +36,7 @@ class EngineInfo:
     eot_id: int | None
     root: str | None = None  # the model directory the engine loaded
     think_ids: tuple[int, int] | None = None  # <think> and </think>, where each is one token of the vocabulary
-    eot_text: str = "<|im_end|>"  # the end-of-turn token's text (eot_id is its id, where it is one token)
+    eot_text: str = CHATML.end_of_turn or ""  # the end-of-turn token's text (eot_id is its id, where it is one token)
     family: dict[str, Any] = field(default_factory=dict)  # the model directory's polar-family.json, if it is local
 
 
@@ -131,9 +131,9 @@ class EngineClient:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise self._unreachable(exc) from exc
                 root = card.get("root")
-                family = model_family(Path(root)) if root and Path(root).is_dir() else {}
+                family = read_family_file(Path(root)) if root and Path(root).is_dir() else {}
                 # Given, else the family's (None: it has no such token), else ChatML's.
-                eot_text = self.eot_token or family.get("end_of_turn", "<|im_end|>")
+                eot_text = self.eot_token or served_trait(family, "end_of_turn")
                 eot_id = await self._single_token(card["id"], eot_text) if eot_text else None
                 think = [await self._single_token(card["id"], tag) for tag in (THINK_OPEN, THINK_CLOSE)]
                 think_ids = (think[0], think[1]) if None not in think else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.engine.families import is_harmony, read_in_process, tool_format
 from nemo_polar.engine.worker_process import WorkerProcess, WorkerProcessError
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
@@ -26,24 +27,19 @@ from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
 WORKER = Path(__file__).resolve().parents[1] / "engine" / "parser_worker.py"
 
 
-# What nemo_polar/proxy/parser.py reads in process (no worker, no vLLM needed): hermes JSON and qwen3_coder XML
-# calls, <think> reasoning.
-IN_PROCESS_TOOL_PARSERS = {None, "hermes", "qwen3_coder"}
-IN_PROCESS_REASONING_PARSERS = {None, "qwen3"}
-
-
 MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's calls follow this token: a JSON list, each call with its "id"
 # Kimi K2's call header is its id: <|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>
 KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>", re.DOTALL)
 
 
 def sampled_call_ids(tool_parser: str | None, text: str) -> list[str | None]:
-    """The ids the model wrote for its calls, in order, where the family's format carries them and the proxy does
-    not hand them to the harness (Mistral's ``[TOOL_CALLS][{..., "id": "..."}]``, whose parser mints random ones;
-    Kimi's call headers): a record keeps them, and a re-render gives each call back the id the model wrote."""
-    if tool_parser == "kimi_k2":
+    """The ids the model wrote for its calls, in order, where the format ``tool_parser`` reads carries them and the
+    proxy does not hand them to the harness (``families.SampledIds``): a record keeps them, and a re-render gives
+    each call back the id the model wrote."""
+    form = tool_format(tool_parser).sampled_ids
+    if form == "kimi_headers":
         return [m.group(1) for m in KIMI_CALL.finditer(text)]
-    if tool_parser != "mistral" or MISTRAL_CALLS not in text:
+    if form != "mistral_json" or MISTRAL_CALLS not in text:
         return []
     try:
         calls, _ = json.JSONDecoder().raw_decode(text.split(MISTRAL_CALLS, 1)[1].lstrip())
@@ -64,7 +60,7 @@ class FamilyFormat:
     model_dir: str
     tool_parser: str | None
     reasoning_parser: str | None
-    harmony: bool = False  # gpt-oss: vLLM picks harmony by the model type, which a stand-in does not carry
+    harmony: bool = False  # families.ModelFamily.harmony
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -80,7 +76,7 @@ def family_format(info: EngineInfo, tool_parser: str | None, reasoning_parser: s
     parser names are the given ones, else those the model directory's polar-family.json names."""
     tool = tool_parser or info.family.get("tool_call_parser")
     reasoning = reasoning_parser or info.family.get("reasoning_parser")
-    if tool in IN_PROCESS_TOOL_PARSERS and reasoning in IN_PROCESS_REASONING_PARSERS:
+    if read_in_process(tool, reasoning):
         return None
     if info.root is None or not Path(info.root).is_dir():
         raise ProxyError(
@@ -90,7 +86,7 @@ def family_format(info: EngineInfo, tool_parser: str | None, reasoning_parser: s
             "not on this machine",
             code="parser_unavailable",
         )
-    return FamilyFormat(info.root, tool, reasoning, harmony=info.family.get("family") == "gpt_oss")
+    return FamilyFormat(info.root, tool, reasoning, harmony=is_harmony(info.family))
 
 
 async def unreadable_format(config: Any) -> str | None:

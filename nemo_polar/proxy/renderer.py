@@ -22,8 +22,9 @@ from typing import Any, Protocol
 
 from jinja2 import TemplateSyntaxError
 
+from nemo_polar.engine.families import tool_format
 from nemo_polar.proxy import fastjson
-from nemo_polar.proxy.conversation import CALL_ID_FORMS, TemplateTraits
+from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, template_refused
 from nemo_polar.proxy.prefix import common_prefix
@@ -123,7 +124,7 @@ async def probe_template(renderer: Renderer, tool_parser: str | None = None) -> 
         join_users=await ids(two_users) is None and await ids(two_users[:1]) is not None,
         call_ids="alnum9"
         if harness_ids is None and await ids(_tool_turn(PROBE_ID), PROBE_TOOLS)
-        else CALL_ID_FORMS.get(tool_parser or "", "as_sent"),
+        else tool_format(tool_parser).call_ids,
     )
 
 

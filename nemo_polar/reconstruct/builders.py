@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from nemo_polar.engine.families import generation_glue
 from nemo_polar.proxy.conversation import parts_text
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.reconstruct.trace import Role, Span, Trace
@@ -103,15 +104,12 @@ DEFAULT_SIDE_RULES = [
 
 SUMMARY_TAG = re.compile(r"<summary>(.*?)</summary>", re.S)
 
-# "<think>\n\n</think>\n\n" in the Qwen2.5/Qwen3 vocabulary: Qwen3's generation prompt with thinking disabled.
-QWEN3_EMPTY_THINK = [151667, 271, 151668, 271]
-
 
 class BuilderConfig(BaseModel):
     mask_truncated: bool = Field(default=False, description="mask the sampled ids of calls cut by max_tokens")
     side_rules: list[SideRule] = Field(default_factory=lambda: list(DEFAULT_SIDE_RULES))
     generation_glue: list[list[int]] = Field(
-        default_factory=lambda: [list(QWEN3_EMPTY_THINK)],
+        default_factory=generation_glue,  # every declared family's
         description="id sequences a template appends to the generation prompt only; names breaks, never merges",
     )
 
