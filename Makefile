@@ -73,6 +73,12 @@ NEMO_GYM_VERSION := 0.7.0
 gym: venv
 	@$(STEP) gym bash scripts/install_gym.sh $(NEMO_GYM_VERSION)
 
+# The files Gym and Hydra read from disk that derive from the harness registry (nemo_polar/env/harness): conf/env/
+# and each Gym environment's config.yaml, README.md, variants and data (tests/test_harness_registry.py checks them).
+.PHONY: generate
+generate: venv
+	$(BIN)/python -m nemo_polar.env.gym.files
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

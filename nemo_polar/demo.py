@@ -29,27 +29,25 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from nemo_polar.env.gym import ENVIRONMENTS
+from nemo_polar.env.gym import environments
+from nemo_polar.env.harness import HARNESSES
 from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.rollout import serve_proxy
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.rewards.instance import SWEInstance, bundled_instances
 
-# One bundled task per CLI, so the demo shows a different bug for each.
-TASKS = {
-    "polar_codex": "polar__csvlite-1",
-    "polar_claude_code": "polar__semverlite-1",
-    "polar_qwen_code": "polar__lrucache-1",
-    "polar_pi": "polar__ratelimit-1",
-    "polar_gemini_cli": "polar__globmatch-1",
-    "polar_mini_swe_agent": "polar__iniconf-1",
-    "polar_hermes": "polar__textstats-1",
-    "polar_copilot": "polar__money-1",
-    "polar_cline": "polar__intervals-1",
-    "polar_opencode": "polar__confmerge-1",
-    "polar_openhands_sdk": "polar__humanfmt-1",
-}
+
+def demo_tasks() -> dict[str, str]:
+    """Each environment's bundled task (its harness's ``demo_task``: a different bug for each CLI), in ``order``."""
+    return {h.env_name(): h.demo_task for h in HARNESSES.values()}
+
+
+def __getattr__(name: str) -> dict[str, str]:
+    # TASKS, read when asked: a harness registered after this import (a test's toy) has its task there.
+    if name == "TASKS":
+        return demo_tasks()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DemoRow(BaseModel):
@@ -159,17 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--env",
         action="append",
-        choices=list(ENVIRONMENTS),
+        choices=list(environments()),
         metavar="polar_<cli>",
         help="run only this environment (repeatable); default: every one",
     )
     args = parser.parse_args(argv)
-    envs = [env for env in ENVIRONMENTS if env in (args.env or ENVIRONMENTS)]
+    envs = [env for env in environments() if env in (args.env or environments())]
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # tokenizers only here: no "PyTorch was not found"
     console = Console(width=None if sys.stdout.isatty() else 150)
     out = Path(os.environ.get("POLAR_DEMO_OUT") or tempfile.mkdtemp(prefix="polar-demo-"))
     by_id = {i.instance_id: i for i in bundled_instances()}
-    instances = {env: by_id[TASKS[env]] for env in envs}
+    tasks = demo_tasks()
+    instances = {env: by_id[tasks[env]] for env in envs}
     console.print(
         "[bold]scripted policy[/bold]: the embedded CPU model cannot drive a coding CLI on its own, so each CLI's "
         "model turns are held to the task's script, written by the model's own chat template. The CLIs, their tools, "

@@ -19,7 +19,7 @@ import pytest
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.env.gym import ENVIRONMENTS
-from nemo_polar.env.patterns import HARNESS_ORDER
+from nemo_polar.env.patterns import harness_order
 from nemo_polar.proxy.app import ProxyApps, ProxyConfig
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.serve import ProxyServer
@@ -27,7 +27,7 @@ from tests.helpers.clients import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 # The harnesses with a Polar environment (polar_<harness>): the paper's four, then those added since.
-ENV_HARNESSES = tuple(sorted((env.removeprefix("polar_") for env in ENVIRONMENTS), key=HARNESS_ORDER.__getitem__))
+ENV_HARNESSES = tuple(sorted((env.removeprefix("polar_") for env in ENVIRONMENTS), key=harness_order().__getitem__))
 FIXTURES = ROOT / "tests" / "fixtures" / "harness_requests"
 TASKS = ROOT / "examples" / "tasks" / "swebench5"  # real projects' bugs, as a SWE-bench 5 task repo
 

@@ -15,22 +15,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
+from nemo_polar.env.harness import HARNESSES
 from nemo_polar.env.script import Action
 from nemo_polar.reconstruct.patterns import PatternRow, markdown_table
 
-HARNESS_ORDER = {
-    "codex": 0,
-    "claude_code": 1,
-    "qwen_code": 2,
-    "pi": 3,
-    "gemini_cli": 4,
-    "mini_swe_agent": 5,
-    "hermes": 6,
-    "copilot": 7,
-    "cline": 8,
-    "opencode": 9,
-    "openhands_sdk": 10,
-}  # the paper's, then ours
+
+def harness_order() -> dict[str, int]:
+    """Each registered CLI's column in the table (its ``order``: the paper's CLIs, then ours)."""
+    return {name: h.order for name, h in HARNESSES.items()}
+
+
 SCENARIOS = (
     "subagent",
     "compaction",
@@ -122,7 +116,8 @@ def patterns_table(tasks_dir: Path, results_dir: Path) -> tuple[str, list[str]]:
     tasks = load_patterns(tasks_dir)
     rows = [PatternRow.model_validate_json(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     by_key = {(r.scenario, r.harness): r for r in rows}
-    harnesses = list(dict.fromkeys(t.harness for t in sorted(tasks, key=lambda t: HARNESS_ORDER.get(t.harness, 99))))
+    order = harness_order()
+    harnesses = list(dict.fromkeys(t.harness for t in sorted(tasks, key=lambda t: order.get(t.harness, 99))))
     unsupported = {(t.scenario, t.harness): t.about for t in tasks if t.unsupported}
     blocked = {(t.scenario, t.harness): t.blocked for t in tasks if t.blocked}
     runnable = [t for t in tasks if not t.unsupported and not t.blocked]

@@ -8,13 +8,14 @@ the session config are merged key by key over the env's, and the result is valid
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.harness import HARNESSES
+from nemo_polar.env.harness import HARNESSES, Harness
 from nemo_polar.paths import conf_dir
 from nemo_polar.proxy.sessions import SessionConfig
 
@@ -75,3 +76,38 @@ def get_env(name: str) -> PolarEnvSpec:
     if name not in envs:
         raise UnknownEnv(f"unknown Polar env {name!r}; choose one of {', '.join(envs) or '(none found)'}")
     return envs[name]
+
+
+def env_yaml(harness: type[Harness]) -> str:
+    """``conf/env/polar_<name>.yaml`` as the harness declares it: the adapter options its env sets (each with its
+    note) and a continuation-mode proxy session."""
+    note = f" ({harness.env_note})" if harness.env_note else ""
+    about = (
+        f"The {harness.name} harness{note} through a proxy session. `harness_options` go to the adapter; `session` is "
+        "the proxy's SessionConfig (mode, sampling_overrides, chat_template_kwargs, extra_body, policy_version, "
+        "metadata)."
+    )
+    lines = [f"# {line}" for line in textwrap.wrap(about, 114)]
+    lines += [f"name: {harness.env_name()}", f"harness: {harness.name}"]
+    if harness.env_options:
+        lines.append("harness_options:")
+        lines += [f"  {o.key}: {_scalar(o.value)}  # {o.note}" for o in harness.env_options]
+    else:
+        lines.append("harness_options: {}")
+    lines += ["session:", "  mode: continuation"]
+    return "\n".join(lines) + "\n"
+
+
+def _scalar(value: str | int | bool) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def write_env_files(conf: Path | None = None) -> list[Path]:
+    """Regenerate every registered harness's Polar env file under ``conf`` (default: the project's conf/)."""
+    written = []
+    for harness in HARNESSES.values():
+        path = (conf or conf_dir()) / "env" / f"{harness.env_name()}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(env_yaml(harness))
+        written.append(path)
+    return written

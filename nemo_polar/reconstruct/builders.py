@@ -53,54 +53,8 @@ from pydantic import BaseModel, Field
 from nemo_polar.engine.families import generation_glue
 from nemo_polar.proxy.conversation import parts_text
 from nemo_polar.proxy.records import CallRecord
+from nemo_polar.reconstruct.side_rules import DEFAULT_SIDE_RULES, SideRule
 from nemo_polar.reconstruct.trace import Role, Span, Trace
-
-
-class SideRule(BaseModel):
-    """A call matching every given condition is a harness side call (kept out of the agent's chains)."""
-
-    name: str
-    api: str | None = Field(default=None, description="only calls in this API dialect")
-    system_contains: str | None = None
-    last_user_contains: str | None = Field(
-        default=None, description="in the text of the request's last message when it is the user's (tool results aside)"
-    )
-    max_tools: int | None = None
-
-
-DEFAULT_SIDE_RULES = [
-    SideRule(name="qwen_code_memory_extraction", system_contains="managed memory extraction subagent"),
-    # Codex's auto-reviewer (approvals_reviewer="auto_review"): judges one planned action, in its own conversation
-    SideRule(name="codex_auto_review", system_contains="You are judging one planned coding-agent action"),
-    # CLAUDE_CODE_EMIT_TOOL_USE_SUMMARIES: a label for each tool batch, asked for beside the agent's next call
-    SideRule(
-        name="claude_code_tool_use_summary",
-        system_contains="summary label describing what these tool calls",
-        max_tools=0,
-    ),
-    SideRule(name="title_generation", system_contains="title", max_tools=0),
-    # Gemini CLI's utility calls (each on a built-in model alias, not the -m model): the router when no model is
-    # pinned, the LLM loop check, the next-speaker check (model.skipNextSpeakerCheck: false), the session summary.
-    # Only in its dialect and without tools: its agent turns always carry tools, and another harness's user messages
-    # may hold what the agent printed (mini-swe-agent's text mode), which must not make an agent call a side call.
-    SideRule(
-        name="gemini_cli_router", api="gemini", system_contains="You are a specialized Task Routing AI", max_tools=0
-    ),
-    SideRule(name="gemini_cli_loop_check", api="gemini", system_contains="stuck in an unproductive loop", max_tools=0),
-    SideRule(
-        name="gemini_cli_next_speaker",
-        api="gemini",
-        last_user_contains="determine who should logically speak next",
-        max_tools=0,
-    ),
-    SideRule(
-        name="gemini_cli_session_summary",
-        api="gemini",
-        last_user_contains="Summarize the user's primary intent or goal in this conversation",
-        max_tools=0,
-    ),
-]
-
 
 SUMMARY_TAG = re.compile(r"<summary>(.*?)</summary>", re.S)
 

@@ -7,20 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# The Gym environments, one per Polar env (conf/env/<name>.yaml) of the same name.
-ENVIRONMENTS = (
-    "polar_claude_code",
-    "polar_cline",
-    "polar_codex",
-    "polar_copilot",
-    "polar_gemini_cli",
-    "polar_hermes",
-    "polar_mini_swe_agent",
-    "polar_opencode",
-    "polar_openhands_sdk",
-    "polar_pi",
-    "polar_qwen_code",
-)
+from nemo_polar.env.harness import HARNESSES
+
+
+def environments() -> tuple[str, ...]:
+    """The Gym environments, one per registered harness and of its Polar env's name (conf/env/<name>.yaml), sorted."""
+    return tuple(sorted(h.env_name() for h in HARNESSES.values()))
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # ENVIRONMENTS, read when asked: a harness registered after this import (a test's toy) is among them.
+    if name == "ENVIRONMENTS":
+        return environments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gym_root() -> Path:
@@ -39,7 +38,7 @@ def write_data(root: Path | None = None) -> list[Path]:
     from nemo_polar.env.gym.rows import SPLITS, example_rows, example_tasks, split_rows
 
     written = []
-    for env in ENVIRONMENTS:
+    for env in environments():
         data = (root or gym_root()) / "environments" / env / "data"
         data.mkdir(parents=True, exist_ok=True)
         for name, rows in (
@@ -116,7 +115,7 @@ VARIANTS = {"scripted": scripted_variant, "native": native_variant}
 def write_variants(root: Path | None = None) -> list[Path]:
     """Regenerate every environment's variant configs (``scripted.yaml``, ``native.yaml``)."""
     written = []
-    for env in ENVIRONMENTS:
+    for env in environments():
         for name, variant in VARIANTS.items():
             path = (root or gym_root()) / "environments" / env / f"{name}.yaml"
             path.write_text(variant(env))

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from packaging.specifiers import SpecifierSet
 
-from nemo_polar.env.gym import ENVIRONMENTS, gym_root
+from nemo_polar.env.gym import environments, gym_root
 
 OVERLAY_PTH = "_polar_overlay.pth"
 # What each server's entrypoint imports first (its app.py): the check that the venv serves it.
@@ -65,8 +65,8 @@ def gym_builds_its_venvs(version: str | None = None) -> bool:
 
 def servers(environment: str) -> list[tuple[str, str]]:
     """The (server type, server name) of each server instance an environment's config defines."""
-    if environment not in ENVIRONMENTS:
-        raise VenvError(f"unknown environment {environment!r}: one of {', '.join(ENVIRONMENTS)}")
+    if environment not in environments():
+        raise VenvError(f"unknown environment {environment!r}: one of {', '.join(environments())}")
     config = yaml.safe_load((gym_root() / "environments" / environment / "config.yaml").read_text())
     found = []
     for instance in config.values():

@@ -1,24 +1,39 @@
-"""Harness adapters for the coding CLIs, found by name."""
+"""Harness adapters for the coding CLIs, found by name: one module each, registered in ``HARNESSES`` (in their
+``order``), from which every list of CLIs derives (Polar and Gym environments, the demo's tasks, the patterns table)."""
 
 from __future__ import annotations
 
-from nemo_polar.env.harness.base import Endpoint, Harness, HarnessMissing, Launch, Unsupported
-from nemo_polar.env.harness.claude_code import ClaudeCode
-from nemo_polar.env.harness.cline import Cline
-from nemo_polar.env.harness.codex import Codex
-from nemo_polar.env.harness.copilot import Copilot
-from nemo_polar.env.harness.gemini_cli import GeminiCli
-from nemo_polar.env.harness.hermes import Hermes
-from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
-from nemo_polar.env.harness.opencode import OpenCode
-from nemo_polar.env.harness.openhands_sdk import OpenHandsSdk
-from nemo_polar.env.harness.pi import Pi
-from nemo_polar.env.harness.qwen_code import QwenCode
+import importlib
+import inspect
+import pkgutil
 
-HARNESSES: dict[str, type[Harness]] = {
-    h.name: h
-    for h in (Codex, ClaudeCode, QwenCode, Pi, OpenCode, GeminiCli, MiniSweAgent, Hermes, Copilot, Cline, OpenHandsSdk)
-}
+from nemo_polar.env.harness.base import (
+    HARNESSES,
+    Endpoint,
+    EnvOption,
+    GymValues,
+    Harness,
+    HarnessMissing,
+    Launch,
+    Unsupported,
+    register,
+)
+
+
+def _discover() -> None:
+    """Register the adapter each public module of this package defines (``base`` aside; a private module, such as
+    the OpenHands runner, is never imported here): adding a CLI is adding its module."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            concrete = isinstance(value, type) and issubclass(value, Harness) and not inspect.isabstract(value)
+            if concrete and value.__module__ == module.__name__:  # defined there, not imported
+                register(value)
+
+
+_discover()
 
 
 def get_harness(name: str, **options: object) -> Harness:
@@ -46,4 +61,16 @@ def install(names: list[str] | None = None) -> None:
         print(f"{len(chosen)} CLIs" + (f", {new} installed" if new else " (cached)"))
 
 
-__all__ = ["HARNESSES", "Endpoint", "Harness", "HarnessMissing", "Launch", "Unsupported", "get_harness", "install"]
+__all__ = [
+    "HARNESSES",
+    "Endpoint",
+    "EnvOption",
+    "GymValues",
+    "Harness",
+    "HarnessMissing",
+    "Launch",
+    "Unsupported",
+    "get_harness",
+    "install",
+    "register",
+]

@@ -15,35 +15,18 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
+from nemo_polar.reconstruct.side_rules import HARNESS_SIDE_RULES, SideRule
 
 HARNESS_MOUNT = "/opt/polar/harness"  # where the pinned install appears inside a sandbox
-# Never part of a patch: harness state, caches and environments, wherever a CLI put them.
-COMMON_EXCLUDES = (
-    ".codex",
-    ".claude",
-    ".qwen",
-    ".pi",
-    ".opencode",
-    ".gemini",
-    ".hermes",
-    ".copilot",
-    ".cline",
-    ".openhands",
-    "node_modules",
-    "__pycache__",
-    "*.pyc",
-    ".pytest_cache",
-    ".venv",
-    ".mypy_cache",
-    ".ruff_cache",
-)
+# Never part of a patch, besides every CLI's state folders (Harness.state_dirs): caches and environments.
+GENERIC_EXCLUDES = ("node_modules", "__pycache__", "*.pyc", ".pytest_cache", ".venv", ".mypy_cache", ".ruff_cache")
 
 
 def _run_install(argv: list[str], spec: str) -> None:
@@ -88,12 +71,54 @@ class Launch(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="written under HOME before the run")
 
 
+class GymValues(BaseModel, frozen=True):
+    """What a harness's NeMo Gym environment (``environments/polar_<name>/``: config.yaml, README.md) says of it
+    and sets for its agent and native environment servers."""
+
+    title: str = Field(description="the CLI as config.yaml names it: 'Qwen Code'")
+    agent: str = Field(description="the README's subject: 'The Qwen Code CLI'")
+    api: str = Field(description="the API it speaks, as the README says: 'OpenAI Chat Completions API'")
+    runtime: str = "bwrap"
+    timeout: int = 600
+    concurrency: int = 8
+    max_concurrent_episodes: int = 8
+    queue_timeout_seconds: int = 86400
+    default_episode_timeout_seconds: int = 3600
+    cleanup_timeout_seconds: int = 180
+
+
+class EnvOption(NamedTuple):
+    """An adapter option its Polar env (``conf/env/polar_<name>.yaml``) sets, with the note written beside it."""
+
+    key: str
+    value: str | int | bool
+    note: str
+
+
 class Harness(ABC):
     name: ClassVar[str]
     package: ClassVar[str]
     version: ClassVar[str]
     bin: ClassVar[str]
     transcript_format: ClassVar[str] = "jsonl"  # what the CLI prints on stdout in the chosen output mode
+
+    # -- what the project's lists say of a CLI, derived from the registry (HARNESSES) -----------------------------
+    order: ClassVar[int]  # its place in every listing: the patterns table, the demo, `polar harness install`
+    demo_task: ClassVar[str]  # the bundled task `make demo` gives it (a different bug for each CLI)
+    state_dirs: ClassVar[tuple[str, ...]] = ()  # where it keeps state in a workspace: never part of a patch
+    env_options: ClassVar[tuple[EnvOption, ...]] = ()  # the adapter options its Polar env sets
+    env_note: ClassVar[str] = ""  # what its Polar env's comment says it is, where its name does not
+    gym: ClassVar[GymValues]
+
+    @classmethod
+    def env_name(cls) -> str:
+        """Its Polar env and Gym environment."""
+        return f"polar_{cls.name}"
+
+    @classmethod
+    def side_rules(cls) -> tuple[SideRule, ...]:
+        """The rules that tell its side calls from its agent's (reconstruct's defaults, keyed by its name)."""
+        return HARNESS_SIDE_RULES.get(cls.name, ())
 
     # -- installation (once, by `make setup`, into a shared prefix mounted read-only) -----------------------------
     @classmethod
@@ -153,7 +178,9 @@ class Harness(ABC):
         return ["/bin/sh", "-c", " && ".join(shlex.join(run) for run in runs)]
 
     def excludes(self) -> tuple[str, ...]:
-        return COMMON_EXCLUDES
+        """Never part of a patch: every CLI's state, wherever a CLI put it (a task repo may carry another's), caches
+        and environments."""
+        return (*(d for h in HARNESSES.values() for d in h.state_dirs), *GENERIC_EXCLUDES)
 
     def transcript(self, stdout: str) -> Any:
         """The CLI's own account of the run, parsed from its machine-readable output (None if unreadable)."""
@@ -210,6 +237,25 @@ class Harness(ABC):
         else:  # pragma: no cover - the union is closed
             raise TypeError(action)
         return ScriptTurn(tool_calls=[ScriptCall(name=name, arguments=args)])
+
+
+HARNESSES: dict[str, type[Harness]] = {}  # by name, in `order`; nemo_polar.env.harness registers its modules' adapters
+DECLARED = ("name", "package", "version", "bin", "order", "demo_task", "gym")
+
+
+def register(cls: type[Harness]) -> type[Harness]:
+    """Add an adapter to ``HARNESSES``, kept in ``order``. An undeclared value, or a name or place another adapter
+    holds, raises ``TypeError``."""
+    missing = [attr for attr in DECLARED if not hasattr(cls, attr)]
+    if missing:
+        raise TypeError(f"{cls.__name__} does not declare {', '.join(missing)}")
+    others = [h for h in HARNESSES.values() if h is not cls]
+    if clash := [h.__name__ for h in others if h.name == cls.name or h.order == cls.order]:
+        raise TypeError(f"{cls.__name__} takes the name or order of {', '.join(clash)}")
+    ordered = sorted([*others, cls], key=lambda h: h.order)
+    HARNESSES.clear()
+    HARNESSES.update((h.name, h) for h in ordered)
+    return cls
 
 
 # The interpreter Python harnesses' venvs are made from: the system's, which every sandbox sees under /usr (a venv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 
 ALIASES = (
     "ANTHROPIC_MODEL",
@@ -22,6 +22,10 @@ class ClaudeCode(Harness):
     version = "2.1.330"
     bin = "claude"
     transcript_format = "json"
+    order = 1
+    demo_task = "polar__semverlite-1"
+    state_dirs = (".claude",)
+    gym = GymValues(title="Claude Code", agent="The Claude Code CLI", api="Anthropic Messages API")
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         """``env``: more of Claude Code's own environment settings (e.g. ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` and

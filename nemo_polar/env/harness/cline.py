@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch, one_of
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Harness, Launch, one_of
 
 UPDATED_AT = "2026-01-01T00:00:00.000Z"
 # api -> (Cline's provider id, the base URL's path)
@@ -19,6 +19,18 @@ class Cline(Harness):
     package = "cline"
     version = "3.0.65"
     bin = "cline"
+    order = 8
+    demo_task = "polar__intervals-1"
+    state_dirs = (".cline",)
+    env_options = (
+        EnvOption("api", "chat", "or messages (Anthropic Messages)"),
+        EnvOption("compaction", "agentic", "or basic, off"),
+    )
+    gym = GymValues(
+        title="Cline CLI",
+        agent="Cline CLI",
+        api="OpenAI Chat Completions API by default; Anthropic Messages with `api`",
+    )
 
     def __init__(self, api: Literal["chat", "messages"] = "chat", compaction: str = "agentic") -> None:
         """``api``: OpenAI Chat Completions (its ``openai-compatible`` provider) or Anthropic Messages (``anthropic``

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 from nemo_polar.env.script import Action, Subagent
 from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
 
@@ -30,6 +30,10 @@ class Codex(Harness):
     package = "@openai/codex"
     version = "0.169.0"
     bin = "codex"
+    order = 0
+    demo_task = "polar__csvlite-1"
+    state_dirs = (".codex",)
+    gym = GymValues(title="Codex CLI", agent="Codex CLI", api="OpenAI Responses API")
 
     def __init__(
         self,

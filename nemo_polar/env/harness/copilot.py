@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch, one_of
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Harness, Launch, one_of
 
 # api -> (COPILOT_PROVIDER_TYPE, COPILOT_PROVIDER_WIRE_API, the base URL's path)
 PROVIDERS = {
@@ -21,6 +21,15 @@ class Copilot(Harness):
     package = "@github/copilot"
     version = "1.0.102"
     bin = "copilot"
+    order = 7
+    demo_task = "polar__money-1"
+    state_dirs = (".copilot",)
+    env_options = (EnvOption("api", "chat", "or responses (OpenAI Responses), messages (Anthropic Messages)"),)
+    gym = GymValues(
+        title="GitHub Copilot CLI",
+        agent="GitHub Copilot CLI",
+        api="OpenAI Chat Completions API by default; Responses or Anthropic Messages with `api`",
+    )
 
     def __init__(self, api: Literal["chat", "responses", "messages"] = "chat", max_prompt_tokens: int = 0) -> None:
         """``api``: the dialect it speaks to the proxy (OpenAI Chat Completions, OpenAI Responses or Anthropic

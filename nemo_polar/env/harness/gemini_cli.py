@@ -9,7 +9,7 @@ import copy
 import json
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 
 SETTINGS: dict[str, Any] = {
     # With a base URL but no selected auth type the CLI picks "gateway" and rejects it (exit 41, no request).
@@ -26,6 +26,10 @@ class GeminiCli(Harness):
     version = "0.61.0"
     bin = "gemini"
     transcript_format = "json"
+    order = 4
+    demo_task = "polar__globmatch-1"
+    state_dirs = (".gemini",)
+    gym = GymValues(title="Gemini CLI", agent="Gemini CLI", api="Google Gemini API")
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from nemo_polar.env.harness.base import Endpoint, Launch, PythonHarness
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Launch, PythonHarness
 
 
 class Hermes(PythonHarness):
@@ -18,6 +18,15 @@ class Hermes(PythonHarness):
     version = "0.19.0"
     bin = "hermes"
     module = "hermes_cli.main"
+    order = 6
+    demo_task = "polar__textstats-1"
+    state_dirs = (".hermes",)
+    env_options = (
+        EnvOption("max_tokens", 4096, "unset, it asks a custom provider for 65,536 output tokens"),
+        EnvOption("context_length", 65536, "the served model's window (Hermes refuses under 64K)"),
+        EnvOption("verify_on_stop", False, "true: its nudge to verify before a final answer, each one more user turn"),
+    )
+    gym = GymValues(title="Hermes Agent", agent="Hermes Agent", api="OpenAI Chat Completions API, streamed")
 
     def __init__(self, max_tokens: int = 4096, context_length: int = 65536, verify_on_stop: bool = False) -> None:
         """``max_tokens``: the output cap of every call (``model.max_tokens``; unset, a custom provider asks for

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Literal
 
-from nemo_polar.env.harness.base import Endpoint, Launch, PythonHarness, Unsupported, one_of
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Launch, PythonHarness, Unsupported, one_of
 from nemo_polar.env.script import Action, EditFile, Final, ToolCalls
 from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
 
@@ -32,6 +32,10 @@ class MiniSweAgent(PythonHarness):
     version = "2.4.6"
     bin = "mini"
     module = "minisweagent.run.mini"
+    order = 5
+    demo_task = "polar__iniconf-1"
+    env_options = (EnvOption("mode", "tool_calls", "or text: one fenced mswea_bash_command block per reply"),)
+    gym = GymValues(title="mini-swe-agent", agent="mini-swe-agent", api="OpenAI Chat Completions API, not streamed")
 
     def __init__(self, mode: Literal["tool_calls", "text"] = "tool_calls", step_limit: int = 0) -> None:
         """``mode``: ``tool_calls`` or ``text`` (above). ``step_limit``: model calls before the run stops (0: none)."""

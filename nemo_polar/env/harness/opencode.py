@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch, one_of
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Harness, Launch, one_of
 
 # At start-up opencode npm-installs its plugin package into each config directory (from the registry: an egress
 # attempt in a sandbox) unless the directory already has node_modules and a lockfile that names every dependency in
@@ -30,6 +30,19 @@ class OpenCode(Harness):
     package = "opencode-ai"
     version = "1.18.33"
     bin = "opencode"
+    order = 9
+    demo_task = "polar__confmerge-1"
+    state_dirs = (".opencode",)
+    env_options = (
+        EnvOption("api", "chat", "or responses (OpenAI Responses), messages (Anthropic Messages)"),
+        EnvOption("context_window", 32768, "the served model's window, as opencode is told it"),
+        EnvOption("max_tokens", 4096, "its output cap; it compacts once a step reaches context_window - max_tokens"),
+    )
+    gym = GymValues(
+        title="opencode",
+        agent="opencode",
+        api="OpenAI Chat Completions API by default; OpenAI Responses or Anthropic Messages with `api`",
+    )
 
     def __init__(
         self,

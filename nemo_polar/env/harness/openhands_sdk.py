@@ -1,5 +1,5 @@
 """OpenHands SDK: an OpenHands agent (terminal, file editor, task tracker and ``task`` sub-agents, with its
-LLM-summarising condenser) run by a small runner (:mod:`.openhands_runner`) through litellm's ``openai/`` provider
+LLM-summarising condenser) run by a small runner (:mod:`._openhands_runner`) through litellm's ``openai/`` provider
 against the proxy's Chat Completions.
 
 The SDK needs Python 3.12 while the system's is 3.11, and a sandbox sees only the system's ``/usr`` and the
@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Launch, PythonHarness, _run_install, uv_binary
+from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Launch, PythonHarness, _run_install, uv_binary
 
 PYTHON = "3.12"
 RUNNER = ".polar/openhands_runner.py"  # under HOME, written for each run
@@ -76,6 +76,20 @@ class OpenHandsSdk(PythonHarness):
     version = "1.58.2"
     bin = "python3.12"
     module = "openhands"  # not started with -m: the runner is a script
+    order = 10
+    demo_task = "polar__humanfmt-1"
+    state_dirs = (".openhands",)
+    env_options = (
+        EnvOption("stream", False, "the SDK's default: one JSON answer per call"),
+        EnvOption("max_iterations", 100, "its step budget"),
+        EnvOption(
+            "condenser_max_size", 80, "its condenser summarises the history past this many events (the SDK preset's)"
+        ),
+    )
+    env_note = "an OpenHands SDK agent"
+    gym = GymValues(
+        title="An OpenHands SDK agent", agent="An OpenHands SDK agent", api="OpenAI Chat Completions through litellm"
+    )
 
     def __init__(
         self,
@@ -134,7 +148,7 @@ class OpenHandsSdk(PythonHarness):
             "LITELLM_MODE": "PRODUCTION",
             "OPENHANDS_SUPPRESS_BANNER": "1",
         }
-        runner = resources.files("nemo_polar.env.harness").joinpath("openhands_runner.py").read_text()
+        runner = resources.files("nemo_polar.env.harness").joinpath("_openhands_runner.py").read_text()
         argv = [self.executable(root), f"{home}/{RUNNER}", workspace, instruction]
         return Launch(argv=argv, env=env, files={RUNNER: runner})
 

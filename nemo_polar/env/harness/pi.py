@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 
 
 class Pi(Harness):
@@ -13,6 +13,10 @@ class Pi(Harness):
     package = "@mariozechner/pi-coding-agent"
     version = "0.73.1"
     bin = "pi"
+    order = 3
+    demo_task = "polar__ratelimit-1"
+    state_dirs = (".pi",)
+    gym = GymValues(title="pi", agent="The pi CLI", api="OpenAI Chat Completions API")
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.env.harness.base import Endpoint, Harness, Launch
+from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 
 RIPGREP = "node_modules/@qwen-code/qwen-code/vendor/ripgrep/x64-linux/rg"
 SETTINGS = {
@@ -28,6 +28,10 @@ class QwenCode(Harness):
     version = "0.24.4"
     bin = "qwen"
     transcript_format = "json"
+    order = 2
+    demo_task = "polar__lrucache-1"
+    state_dirs = (".qwen",)
+    gym = GymValues(title="Qwen Code", agent="The Qwen Code CLI", api="OpenAI Chat Completions API")
 
     def __init__(
         self,
