@@ -22,7 +22,7 @@ from nemo_polar.env.script import Action
 from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.records import CallRecord
 from nemo_polar.sandbox import Runtime, SandboxSpec
-from nemo_polar.sandbox.base import PROXY_UNREACHABLE
+from nemo_polar.sandbox.base import PROXY_UNREACHABLE, ExecResult
 from nemo_polar.sandbox.egress import EgressAttempt
 from nemo_polar.sandbox.workspace import Task, extract_patch, prepare_workspace
 
@@ -73,35 +73,16 @@ def run_session(
     """``mounts`` (read-only, path inside -> host path) and ``env`` give the CLI's tools the task's environment,
     e.g. a Python virtualenv first on ``PATH``."""
     t0 = time.monotonic()
-    root = harness.require()
     attempt = AttemptDir(session_dir)
-    session_dir.mkdir(parents=True, exist_ok=True)
-    workspace, home, run_dir = attempt.workspace, attempt.home, attempt.run
-    home.mkdir(exist_ok=True)
-    run_dir.mkdir(exist_ok=True)
+    spec = _sandbox(harness, attempt, proxy.url, mounts)
     if not workspace_ready:  # a gateway prepares it ahead, in its INIT stage
-        prepare_workspace(task, workspace)
-
-    spec = SandboxSpec(
-        workspace=workspace,
-        home=home,
-        run_dir=run_dir,
-        proxy_url=proxy.url,
-        mounts={HARNESS_MOUNT: root, **(mounts or {})},
-    )
+        prepare_workspace(task, attempt.workspace)
     session_id: str | None = None
     try:
         with runtime:
             runtime.start(spec)
             paths = runtime.paths
-            config: dict[str, Any] = {**(session_config or {})}
-            if script:
-                config = {**scripted_config(harness, script, paths.workspace), **config}
-            config["metadata"] = {
-                "harness": harness.name,
-                "instance_id": task.instance_id,
-                **config.get("metadata", {}),
-            }
+            config = _proxy_session(harness, task, script, session_config, paths.workspace)
             session_id, api_key = proxy.create_session(config)
             endpoint = Endpoint(base_url=runtime.proxy_base_url, api_key=api_key, model=model)
             launch = harness.launch(
@@ -111,9 +92,9 @@ def run_session(
                 home=paths.home,
                 workspace=paths.workspace,
             )
-            for rel, text in launch.files.items():
-                (home / rel).parent.mkdir(parents=True, exist_ok=True)
-                (home / rel).write_text(text)
+            for rel, text in launch.files.items():  # the CLI's own config files, in its home
+                (attempt.home / rel).parent.mkdir(parents=True, exist_ok=True)
+                (attempt.home / rel).write_text(text)
             t_run = time.monotonic()
             done = runtime.exec(
                 launch.argv,
@@ -131,20 +112,8 @@ def run_session(
         # can call the model on this session after the runner has moved on.
         if session_id is not None:
             close_quietly(proxy, session_id)
-    stderr = done.stderr.read_text(errors="replace")
-    status: Status
-    error = None
-    if done.cancelled:
-        status, error = "cancelled", "cancelled while the harness ran; process group killed"
-    elif done.timed_out:
-        status, error = "timeout", f"harness exceeded {timeout:.0f} s; process group killed"
-    elif done.returncode == PROXY_UNREACHABLE and "polar: the model proxy is not reachable" in stderr:
-        status, error = "proxy_unreachable", stderr.strip().splitlines()[-1]
-    elif done.returncode != 0:
-        status, error = "harness_error", f"exit {done.returncode}: {stderr.strip()[-2000:]}"
-    else:
-        status = "completed"
-    patch = extract_patch(workspace, harness.excludes())
+    status, error = _outcome(done, timeout)
+    patch = extract_patch(attempt.workspace, harness.excludes())
     transcript = harness.transcript(done.stdout.read_text(errors="replace"))
     result = SessionResult(
         session_id=session_id,
@@ -165,6 +134,51 @@ def run_session(
     )
     write_session(result)
     return result
+
+
+def _sandbox(harness: Harness, attempt: AttemptDir, proxy_url: str, mounts: dict[str, Path] | None) -> SandboxSpec:
+    """The attempt's folders made, and the sandbox that runs the CLI in them (the CLI's install mounted read-only)."""
+    root = harness.require()
+    attempt.root.mkdir(parents=True, exist_ok=True)
+    attempt.home.mkdir(exist_ok=True)
+    attempt.run.mkdir(exist_ok=True)
+    return SandboxSpec(
+        workspace=attempt.workspace,
+        home=attempt.home,
+        run_dir=attempt.run,
+        proxy_url=proxy_url,
+        mounts={HARNESS_MOUNT: root, **(mounts or {})},
+    )
+
+
+def _proxy_session(
+    harness: Harness,
+    task: Task,
+    script: list[Action] | None,
+    session_config: dict[str, Any] | None,
+    workspace: str,
+) -> dict[str, Any]:
+    """The proxy session's config: the caller's, over the scripted policy's turns if any, with the harness and the
+    instance in its metadata."""
+    config: dict[str, Any] = {**(session_config or {})}
+    if script:
+        config = {**scripted_config(harness, script, workspace), **config}
+    config["metadata"] = {"harness": harness.name, "instance_id": task.instance_id, **config.get("metadata", {})}
+    return config
+
+
+def _outcome(done: ExecResult, timeout: float) -> tuple[Status, str | None]:
+    """How the CLI's run ended, and why where it did not complete."""
+    stderr = done.stderr.read_text(errors="replace")
+    if done.cancelled:
+        return "cancelled", "cancelled while the harness ran; process group killed"
+    if done.timed_out:
+        return "timeout", f"harness exceeded {timeout:.0f} s; process group killed"
+    if done.returncode == PROXY_UNREACHABLE and "polar: the model proxy is not reachable" in stderr:
+        return "proxy_unreachable", stderr.strip().splitlines()[-1]
+    if done.returncode != 0:
+        return "harness_error", f"exit {done.returncode}: {stderr.strip()[-2000:]}"
+    return "completed", None
 
 
 def close_quietly(proxy: ProxyClient, session_id: str) -> None:
