@@ -30,39 +30,22 @@ def _grade(args: argparse.Namespace) -> int:
     import json
 
     from nemo_polar.rewards.datasets import select_instances
-    from nemo_polar.rewards.grader import Prediction, grade_many
+    from nemo_polar.rewards.grader import grade_many
+    from nemo_polar.rewards.predictions import grade_summary, pair_predictions, read_predictions
     from nemo_polar.sandbox import RuntimeUnavailable
 
     try:
         instances = select_instances(args.instances, container_formatter=args.container_formatter)
-        by_id = {inst.instance_id: inst for inst in instances}
-        text = args.predictions.read_text()
-        rows = (
-            json.loads(text)
-            if text.lstrip().startswith("[")
-            else [json.loads(x) for x in text.splitlines() if x.strip()]
-        )
-        preds = [Prediction.model_validate(r) for r in rows]
+        predictions = read_predictions(args.predictions)
+        pairs = pair_predictions(instances, predictions)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"polar grade: {exc}") from None
-    unknown = [p.instance_id for p in preds if p.instance_id not in by_id]
-    if unknown:
-        raise SystemExit(f"polar grade: predictions for unknown instances: {', '.join(unknown[:10])}")
     log_dir = args.output.parent / f"{args.output.stem}.logs"  # every graded instance's evaluation log, kept
-    pairs = [(by_id[p.instance_id], p.model_patch) for p in preds]
     try:
         results = grade_many(pairs, runtime=args.runtime, log_dir=log_dir)
     except RuntimeUnavailable as exc:  # no daemon, no skopeo, an image that is nowhere: say so, no traceback
         raise SystemExit(f"polar grade: {exc}") from None
-    statuses: dict[str, int] = {}
-    for r in results:
-        statuses[r.status] = statuses.get(r.status, 0) + 1
-    summary = {
-        "instances": len(results),
-        "resolved": sum(r.resolved for r in results),
-        "masked": sum(r.mask_sample for r in results),
-        "by_status": statuses,
-    }
+    summary = grade_summary(results)
     report = {"summary": summary, "results": [r.model_dump(mode="json") for r in results]}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
