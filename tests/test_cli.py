@@ -66,6 +66,40 @@ def test_polar_proxy_from_config(engine_url: str, tmp_path: Path) -> None:
         proc.wait()
 
 
+def test_polar_lists_its_subcommands_in_order() -> None:
+    """Each module of nemo_polar/cli registers its own subcommands; `polar --help` lists them in this order, and
+    every leaf has a handler."""
+    import argparse
+
+    from nemo_polar.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, prefix: str = "") -> list[str]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            assert callable(parser.get_default("func")), prefix
+            return [prefix]
+        return [c for name, sub in subs[0].choices.items() for c in commands(sub, f"{prefix} {name}".strip())]
+
+    assert commands(build_parser()) == [
+        "engine up",
+        "engine down",
+        "proxy",
+        "patterns",
+        "reconstruct",
+        "audit",
+        "rollout",
+        "generate",
+        "learn",
+        "grade",
+        "convert-rows",
+        "view",
+        "gym-root",
+        "gym-recipe",
+        "gym-venvs",
+        "harness install",
+    ]
+
+
 def test_polar_proxy_requires_an_engine_url() -> None:
     out = subprocess.run([sys.executable, "-m", "nemo_polar.cli", "proxy"], capture_output=True, text=True)
     assert out.returncode != 0 and "--engine-url" in out.stderr
