@@ -29,7 +29,7 @@ import psutil
 from bench.common import engine, proxy, report
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest
 from nemo_polar.env.harness.base import HARNESS_MOUNT
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.sandbox.docker import LABEL, docker_client
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port, set_niceness, stop_group, wait_healthy
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 
 _ENGINE_PIDS: dict[str, int] = {}
 

@@ -45,9 +45,9 @@ from nemo_polar.engine.families import stand_ins
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.env.rollout import serve_proxy
 from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
-from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.engine_client import EngineClient
-from nemo_polar.proxy.renderer import EngineRenderer, probe_template
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.render.renderer import EngineRenderer, probe_template
 from nemo_polar.rewards.instance import bundled_instances
 
 ROOT = Path(__file__).resolve().parent.parent

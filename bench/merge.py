@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import engine, new_session, proxy, report
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.io import load_records

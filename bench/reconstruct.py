@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import report
-from nemo_polar.proxy.records import CallRecord, RecordWriter
+from nemo_polar.proxy.store.records import CallRecord, RecordWriter
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.io import load_records

@@ -29,8 +29,8 @@ from typing import Any
 from bench.common import fit_exponent, report
 from nemo_polar.engine.families import CHATML
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.prepared import as_vllm_sees_it
-from nemo_polar.proxy.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
+from nemo_polar.proxy.render.prepared import as_vllm_sees_it
+from nemo_polar.proxy.render.renderer import PROBE_TOOLS, LocalRenderer, TokenCache
 
 DEFAULT_MODEL = CHATML.stand_in  # the project's own
 WORDS = [

@@ -23,8 +23,8 @@ from fastapi import FastAPI, Request
 
 from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.renderer import LocalRenderer
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.http.serve import BackgroundServer
+from nemo_polar.proxy.render.renderer import LocalRenderer
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 

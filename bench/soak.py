@@ -27,7 +27,7 @@ import httpx
 from bench.common import cpu_seconds, engine, proxy, report
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 
 

@@ -27,7 +27,7 @@ from bench.common import engine, report
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest
 from nemo_polar.env.session import SessionResult
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.grader import GradeResult
 

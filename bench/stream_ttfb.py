@@ -32,8 +32,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import engine, new_session, percentile, priorities, proxy, report
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import STAGES
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import STAGES
 
 SYSTEM = "You are a careful coding agent working in a git repository. " * 40
 QUANTILES = (0.5, 0.95, 0.99)

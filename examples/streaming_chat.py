@@ -14,10 +14,10 @@ from pathlib import Path
 import anthropic
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
-from nemo_polar.proxy.app import ProxyConfig
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import read_records
-from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.serve import ProxyServer
+from nemo_polar.proxy.store.records import read_records
 
 
 def run(engine_url: str, record_dir: Path) -> None:

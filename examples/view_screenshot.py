@@ -30,8 +30,8 @@ from nemo_polar.env.harness import get_harness
 from nemo_polar.env.patterns import Expect
 from nemo_polar.env.script import Action
 from nemo_polar.env.session import run_session
-from nemo_polar.proxy.app import ProxyConfig
-from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.serve import ProxyServer
 from nemo_polar.reconstruct.patterns import summarize
 from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.workspace import Task

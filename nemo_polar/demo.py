@@ -5,8 +5,8 @@ real coding CLIs — Codex, Claude Code, Qwen Code, Pi and Gemini CLI — each s
 bwrap sandbox through a proxy session; swebench grades every final patch in a fresh sandbox, the records are
 reconstructed into prefix-merged traces and audited, and an HTML report shows what was captured. The tiny CPU model
 cannot act on its own, so each CLI's model turns follow the task's script, written by the model's own chat template
-in its family's tool-call format and held to those tokens (:mod:`nemo_polar.proxy.scripted`): the CLI, its tools and
-the engine's sampling are real.
+in its family's tool-call format and held to those tokens (:mod:`nemo_polar.proxy.generate.scripted`): the CLI,
+its tools and the engine's sampling are real.
 
 ``--model tiny-llama3`` (``make demo MODEL=tiny-llama3``) runs it on another model family. Set
 ``POLAR_DEMO_ENGINE_URL`` to use an engine that is already running, ``POLAR_DEMO_OUT`` for the output.
@@ -33,7 +33,7 @@ from nemo_polar.env.gym import environments
 from nemo_polar.env.harness import HARNESSES
 from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig
 from nemo_polar.env.rollout import serve_proxy
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.rewards.instance import SWEInstance, bundled_instances
 

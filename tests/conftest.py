@@ -20,9 +20,10 @@ import pytest
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 from nemo_polar.env.gym import ENVIRONMENTS
 from nemo_polar.env.patterns import harness_order
-from nemo_polar.proxy.app import ProxyApps, ProxyConfig
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.proxy.http.app import ProxyApps
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.serve import ProxyServer
 from tests.helpers.clients import loopback
 
 ROOT = Path(__file__).resolve().parents[1]

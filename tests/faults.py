@@ -20,7 +20,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.http.serve import BackgroundServer
 
 ENGINE_CALLS = ("/v1/completions", "/v1/chat/completions")
 # Google's API names the model and the method in the path: /v1beta/models/{model}:streamGenerateContent

@@ -20,8 +20,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from nemo_polar.proxy.records import CallRecord
-from nemo_polar.proxy.serve import BackgroundServer as Server
+from nemo_polar.proxy.http.serve import BackgroundServer as Server
+from nemo_polar.proxy.store.records import CallRecord
 from tests.conftest import ProxyHandle, free_port, make_proxy
 from tests.helpers.clients import anthropic_client, loopback, openai_client
 
@@ -336,7 +336,7 @@ def test_a_proxy_bug_is_an_api_shaped_500_with_a_record(
 ) -> None:
     """Whatever goes wrong inside the proxy before the engine answers is still answered in the API's error shape
     and recorded as a failed call (not a bare 500 that resets the connection and leaves no trace)."""
-    import nemo_polar.proxy.app as app
+    import nemo_polar.proxy.http.proxy as app
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("planted fault")

@@ -112,8 +112,8 @@ def test_an_idle_keep_alive_connection_outlasts_the_clients_own_expiry() -> None
     import http.client
     import time
 
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.serve import ProxyServer
+    from nemo_polar.proxy.http.config import ProxyConfig
+    from nemo_polar.proxy.http.serve import ProxyServer
 
     with ProxyServer(ProxyConfig(engine_url="http://127.0.0.1:9", render="engine")) as server:
         port = int(server.url.rsplit(":", 1)[1])
@@ -132,8 +132,8 @@ def test_the_proxys_listeners_hold_distinct_ports_from_construction() -> None:
     (two separate free-port probes once handed both listeners the same port), and a taken port is a clear error."""
     import socket
 
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.serve import ProxyServer
+    from nemo_polar.proxy.http.config import ProxyConfig
+    from nemo_polar.proxy.http.serve import ProxyServer
 
     config = ProxyConfig(engine_url="http://127.0.0.1:9", render="engine")
     server = ProxyServer(config)
@@ -184,7 +184,7 @@ def test_admin_token_by_environment_or_file_never_on_argv(tmp_path: Path) -> Non
 
 def test_clients_take_the_admin_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rollout config, the Gym agent and `polar generate` name a running proxy without its token on argv."""
-    from nemo_polar.proxy.client import ProxyClient
+    from nemo_polar.proxy.http.client import ProxyClient
 
     monkeypatch.setenv("POLAR_ADMIN_TOKEN", "-from-the-environment")
     assert ProxyClient(url="http://m", admin_url="http://a").admin_token == "-from-the-environment"
@@ -315,7 +315,7 @@ def _gone(pid: int, within_s: float) -> bool:
 def test_random_admin_tokens_can_be_passed_as_option_values() -> None:
     """A token starting with "-" would read as an option (`--proxy-admin-token -x...`); a bare token_urlsafe starts
     with one 1 time in 64, so among 1,000 tokens one would."""
-    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.http.config import ProxyConfig
 
     tokens = {ProxyConfig(engine_url="http://127.0.0.1:1").admin_token for _ in range(1000)}
     assert len(tokens) == 1000 and not any(t.startswith("-") for t in tokens)
@@ -328,7 +328,7 @@ def test_a_format_the_proxy_cannot_read_is_refused_at_start(tmp_path: Path) -> N
     chat mode the engine parses, and the proxy starts."""
     from fastapi import FastAPI
 
-    from nemo_polar.proxy.serve import BackgroundServer
+    from nemo_polar.proxy.http.serve import BackgroundServer
 
     remote = FastAPI()
     remote.get("/v1/models")(lambda: {"data": [{"id": "m", "root": "/models/elsewhere", "max_model_len": 4096}]})

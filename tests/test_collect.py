@@ -18,7 +18,7 @@ from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.env.rollout import compose
 from nemo_polar.env.rollout import env_config as rollout_env_config
 from nemo_polar.env.specs import EnvOverrides, resolve_env
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.instance import SWEInstance
 from tests.conftest import ProxyHandle

@@ -306,9 +306,9 @@ def test_chat_modes_record_engine_prompt(proxy: ProxyHandle, engine_url: str, mo
 async def test_chat_prefix_sends_nemo_rl_prefix(proxy: ProxyHandle) -> None:
     """chat_prefix mode sends the parent's exact ids as NeMo-RL's vLLM server expects them."""
     from nemo_polar.proxy.apis import chat
-    from nemo_polar.proxy.generation import plan
-    from nemo_polar.proxy.records import CallRecord
-    from nemo_polar.proxy.sessions import SessionConfig
+    from nemo_polar.proxy.generate.generation import plan
+    from nemo_polar.proxy.store.records import CallRecord
+    from nemo_polar.proxy.store.sessions import SessionConfig
 
     app_proxy = proxy.apps.proxy
     session = app_proxy.sessions.create(SessionConfig(mode="chat_prefix"))
@@ -326,7 +326,7 @@ async def test_chat_prefix_sends_nemo_rl_prefix(proxy: ProxyHandle) -> None:
         started_at=0.0,
         complete=True,
     )
-    from nemo_polar.proxy.output import Output
+    from nemo_polar.proxy.parse.output import Output
 
     session.commit(rec, first, Output(content="yo").as_message(), [])
     second = chat.parse(

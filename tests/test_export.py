@@ -12,7 +12,7 @@ import pytest
 from datasets import Dataset, load_dataset
 
 from nemo_polar.cli import main
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.export import (
     FORMATS,

@@ -65,8 +65,8 @@ def test_a_toy_family_reaches_the_launcher_and_the_model_builder(toy: Path) -> N
 def test_a_toy_family_reaches_the_proxy_reconstruction_and_the_bench(toy: Path) -> None:
     from bench.families import FamilyResult, table
     from nemo_polar.proxy.engine_client import EngineInfo
-    from nemo_polar.proxy.family_parser import FamilyFormat, family_format, sampled_call_ids
-    from nemo_polar.proxy.renderer import probe_template
+    from nemo_polar.proxy.parse.family_parser import FamilyFormat, family_format, sampled_call_ids
+    from nemo_polar.proxy.render.renderer import probe_template
     from nemo_polar.reconstruct.builders import BuilderConfig
 
     info = EngineInfo("m", 4096, None, root=str(toy), family=families.read_family_file(toy))

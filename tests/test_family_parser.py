@@ -1,4 +1,4 @@
-"""Model families' output formats read by vLLM's own parsers (nemo_polar/proxy/family_parser.py over
+"""Model families' output formats read by vLLM's own parsers (nemo_polar/proxy/parse/family_parser.py over
 nemo_polar/engine/parser_worker.py, in the engine's virtualenv): a sample in each family's real format, tokenised
 with the family's real tokenizer, parsed streamed token by token (text and ids, as the engine streams them: the
 stop token's id with no text) and whole, into the same reasoning, content and tool calls."""
@@ -14,7 +14,7 @@ import pytest
 
 from nemo_polar.engine.launcher import engine_python
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.family_parser import (
+from nemo_polar.proxy.parse.family_parser import (
     FamilyFormat,
     ParserWorker,
     ParserWorkerError,
@@ -22,7 +22,7 @@ from nemo_polar.proxy.family_parser import (
     release_parser_worker,
     sampled_call_ids,
 )
-from nemo_polar.proxy.parser import ParseEvent
+from nemo_polar.proxy.parse.parser import ParseEvent
 
 TOOLS = [
     {
@@ -205,7 +205,7 @@ def test_which_formats_need_vllms_parsers_and_what_they_need() -> None:
     proxy, and says so (a failed call with a reason, never text parsed by the wrong rules)."""
     from nemo_polar.proxy.engine_client import EngineInfo
     from nemo_polar.proxy.errors import ProxyError
-    from nemo_polar.proxy.family_parser import family_format
+    from nemo_polar.proxy.parse.family_parser import family_format
 
     remote = EngineInfo(model="m", max_model_len=None, eot_id=None, root="/nowhere/on/this/machine")
     assert family_format(remote, None, None) is None  # no family file: hermes, in process

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request, Response
 
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
 

@@ -20,7 +20,7 @@ import yaml
 from nemo_polar.env.harness import get_harness
 from nemo_polar.env.script import Final, Shell
 from nemo_polar.env.session import run_session
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.export import sft_rows
@@ -359,7 +359,7 @@ def test_mini_swe_agent_text_mode_and_a_reply_it_drops(proxy: ProxyHandle, tmp_p
     answers without keeping the reply, so that sampled turn is in no later prompt: it stays a trace of its own (no
     token lost), and the session goes on as a new chain from the error message."""
     from nemo_polar.env.harness.mini_swe_agent import MiniSweAgent
-    from nemo_polar.proxy.sessions import ScriptTurn
+    from nemo_polar.proxy.store.sessions import ScriptTurn
     from nemo_polar.reconstruct.patterns import summarize
 
     class Rambling(MiniSweAgent):

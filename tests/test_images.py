@@ -20,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.sandbox import RuntimeUnavailable, SandboxSpec, get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT, ExecResult
 from nemo_polar.sandbox.bwrap import BwrapRuntime

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 
-from nemo_polar.proxy.renderer import PROBE_TOOLS, IncrementalEncoder, TokenCache
+from nemo_polar.proxy.render.renderer import PROBE_TOOLS, IncrementalEncoder, TokenCache
 from tests.helpers.renders import MODELS, grow, renderer, sessions
 
 

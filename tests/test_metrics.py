@@ -23,8 +23,8 @@ from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway, InstantGrade
 from nemo_polar.env.session import SessionResult
-from nemo_polar.proxy.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
-from nemo_polar.proxy.records import STAGES
+from nemo_polar.proxy.http.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
+from nemo_polar.proxy.store.records import STAGES
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle, make_proxy
 from tests.helpers.clients import loopback, openai_client

@@ -26,7 +26,7 @@ from nemo_polar.env.gym import ENVIRONMENTS
 from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
-from nemo_polar.proxy.renderer import EngineRenderer
+from nemo_polar.proxy.render.renderer import EngineRenderer
 from tests.conftest import ProxyHandle, _start_engine, all_fixtures, load_fixture, make_proxy
 from tests.helpers.clients import loopback, openai_client
 from tests.helpers.demo import run_demo
@@ -308,8 +308,8 @@ def test_kimi_style_ids_number_the_conversations_calls() -> None:
     harness's call gets the form with its name and its place among the conversation's calls, the same on every
     render; a tool result answers its call by the id the call was given; a scripted call is written in the form."""
     from nemo_polar.proxy.conversation import script_call_id, valid_template_id
-    from nemo_polar.proxy.family_parser import sampled_call_ids
-    from nemo_polar.proxy.sessions import ScriptTurn
+    from nemo_polar.proxy.parse.family_parser import sampled_call_ids
+    from nemo_polar.proxy.store.sessions import ScriptTurn
 
     traits = TemplateTraits(call_ids="functions_index")
     msgs = [
@@ -341,7 +341,7 @@ def test_kimi_style_ids_number_the_conversations_calls() -> None:
 def test_tool_call_arguments_reach_the_template_as_vllm_hands_them() -> None:
     """As a mapping (anything but a JSON object: ``{}``), in a function object whose keys come in the OpenAI SDK's
     order: Mistral's template writes the object whole."""
-    from nemo_polar.proxy.prepared import as_vllm_sees_it
+    from nemo_polar.proxy.render.prepared import as_vllm_sees_it
 
     msg = {"role": "assistant", "content": "", "tool_calls": [_call("c"), {**_call("d"), "function": {"name": "f"}}]}
     msg["tool_calls"].append({**_call("e"), "function": {"name": "g", "arguments": "[1]"}})
@@ -473,7 +473,7 @@ def test_a_history_the_template_rewrites_under_each_policy(qwen3_5: ProxyHandle,
     context is not an extension of the sample, and reconstruction starts a new segment there instead of silently
     training on a context the model never saw. Each record names the policy it ran under."""
 
-    from nemo_polar.proxy.records import CallRecord
+    from nemo_polar.proxy.store.records import CallRecord
     from nemo_polar.reconstruct.builders import prefix_merging
 
     script = ["Let me greet.\n</think>\n\nHello.", "Again.\n</think>\n\nBye."]
@@ -600,7 +600,7 @@ def test_the_probe_reads_what_a_template_takes(tmp_path: Path, template: str | N
     import shutil
 
     from nemo_polar.paths import cache_dir
-    from nemo_polar.proxy.renderer import LocalRenderer, probe_template
+    from nemo_polar.proxy.render.renderer import LocalRenderer, probe_template
 
     src = cache_dir() / "models" / "tiny-qwen3"
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -745,7 +745,7 @@ class EngineOnTransformers:
     transformers is what tiny-gpt_oss's replay above meets)."""
 
     def __init__(self, root: Path, alias: bool) -> None:
-        from nemo_polar.proxy.renderer import LocalRenderer
+        from nemo_polar.proxy.render.renderer import LocalRenderer
 
         self.root, self.render = root, LocalRenderer(root)
         self.render.inputs.alias_reasoning = alias
@@ -763,7 +763,7 @@ def test_the_local_renderer_follows_the_engines_reasoning_fields(alias: bool) ->
     into it decides whether the analysis before a tool call is in the prompt. The proxy's renderer, checked on a
     mid-turn probe, follows the engine either way."""
     from nemo_polar.paths import cache_dir
-    from nemo_polar.proxy.renderer import PROBE_MESSAGES, PROBE_TOOLS, verified_local_renderer
+    from nemo_polar.proxy.render.renderer import PROBE_MESSAGES, PROBE_TOOLS, verified_local_renderer
 
     engine = EngineOnTransformers(cache_dir() / "models" / "tiny-gpt_oss", alias)
     local = asyncio.run(verified_local_renderer(engine))  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nemo_polar.proxy.parser import ParseEvent, StreamParser
+from nemo_polar.proxy.parse.parser import ParseEvent, StreamParser
 
 
 def run(

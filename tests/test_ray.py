@@ -21,7 +21,7 @@ from nemo_polar.env.gateway import SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.ray import ControllerConfig, RolloutController
 from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.env.session import SessionResult
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle
 

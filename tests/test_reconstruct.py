@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult, _trace, per_request, prefix_merging
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
@@ -372,7 +372,7 @@ def test_chain_left_by_a_later_call_carries_that_calls_reason() -> None:
 
 # -- the record format's version: records outlive their writer, so a reader refuses what it does not understand --
 def test_records_carry_a_schema_version_and_readers_refuse_newer_ones(tmp_path: Path) -> None:
-    from nemo_polar.proxy.records import RECORD_SCHEMA_VERSION, read_records
+    from nemo_polar.proxy.store.records import RECORD_SCHEMA_VERSION, read_records
 
     current = rec("a", [1], [10, EOT])
     assert RECORD_SCHEMA_VERSION == 3 and json.loads(current.model_dump_json())["schema_version"] == 3

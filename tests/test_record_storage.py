@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.proxy.records import (
+from nemo_polar.proxy.store.records import (
     CallRecord,
     RecordWriter,
     RequestDelta,

@@ -12,7 +12,7 @@ import pytest
 
 from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.engine_client import EngineClient
-from nemo_polar.proxy.renderer import verified_local_renderer
+from nemo_polar.proxy.render.renderer import verified_local_renderer
 from tests.conftest import all_fixtures, load_fixture, make_proxy
 from tests.helpers.clients import loopback
 
@@ -71,7 +71,7 @@ def test_the_tokenizer_stack_is_loaded_before_serving(render: str, loaded: bool)
     call; an app that may render in-process imports it when it is built."""
     code = (
         "import sys\n"
-        "from nemo_polar.proxy.app import ProxyConfig, create_apps\n"
+        "from nemo_polar.proxy.http.app import create_apps\nfrom nemo_polar.proxy.http.config import ProxyConfig\n"
         "assert 'transformers.models.auto.tokenization_auto' not in sys.modules\n"
         f"create_apps(ProxyConfig(engine_url='http://127.0.0.1:9', render={render!r}))\n"
         "print('transformers.models.auto.tokenization_auto' in sys.modules)\n"

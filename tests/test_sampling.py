@@ -18,10 +18,10 @@ from pydantic import ValidationError
 import nemo_polar.proxy.apis as apis
 from nemo_polar.proxy.apis import ADAPTERS, ApiAdapter, chat, get_adapter
 from nemo_polar.proxy.engine_client import EngineInfo
-from nemo_polar.proxy.generation import plan
-from nemo_polar.proxy.records import Api, CallRecord, read_records
+from nemo_polar.proxy.generate.generation import plan
 from nemo_polar.proxy.sampling import SamplingParams
-from nemo_polar.proxy.sessions import SessionConfig, SessionStore
+from nemo_polar.proxy.store.records import Api, CallRecord, read_records
+from nemo_polar.proxy.store.sessions import SessionConfig, SessionStore
 from nemo_polar.reconstruct import export
 from tests.conftest import ProxyHandle
 from tests.helpers.clients import anthropic_client, openai_client
@@ -134,7 +134,13 @@ def test_one_adapter_per_api() -> None:
         get_adapter("bedrock")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("path", ["nemo_polar/proxy/app.py", "nemo_polar/reconstruct/export.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        *(p.relative_to(ROOT).as_posix() for p in (ROOT / "nemo_polar/proxy/http").glob("*.py")),
+        "nemo_polar/reconstruct/export.py",
+    ],
+)
 def test_proxy_and_export_reach_apis_only_through_the_registry(path: str) -> None:
     tree = ast.parse((ROOT / path).read_text())
     imported: set[str] = set()

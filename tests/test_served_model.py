@@ -28,7 +28,7 @@ import pytest
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from nemo_polar.proxy.serve import BackgroundServer
+from nemo_polar.proxy.http.serve import BackgroundServer
 from tests.conftest import ProxyHandle, make_proxy
 from tests.helpers.clients import loopback, openai_client
 

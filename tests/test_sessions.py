@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from nemo_polar.proxy.records import read_records
+from nemo_polar.proxy.store.records import read_records
 from tests.conftest import ProxyHandle
 from tests.helpers.clients import loopback, openai_client
 
@@ -91,7 +91,7 @@ def test_models_count_tokens_and_websocket_probe(proxy: ProxyHandle, engine_url:
 
 
 def test_script_constrains_calls_in_order_then_samples_freely() -> None:
-    from nemo_polar.proxy.sessions import SessionConfig
+    from nemo_polar.proxy.store.sessions import SessionConfig
 
     cfg = SessionConfig(script=["a.b", "done"], extra_body={"seed_hint": 1})
     first, second, after = cfg.engine_extra(0), cfg.engine_extra(1), cfg.engine_extra(2)
@@ -102,7 +102,7 @@ def test_script_constrains_calls_in_order_then_samples_freely() -> None:
 
 
 def test_a_script_turn_goes_to_the_engine_as_its_token_ids() -> None:
-    from nemo_polar.proxy.sessions import SessionConfig
+    from nemo_polar.proxy.store.sessions import SessionConfig
 
     turn = {"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}
     cfg = SessionConfig(script=[turn, "done"], extra_body={"vllm_xargs": {"other": 1}})
@@ -172,8 +172,8 @@ def test_an_engine_that_ignores_forced_ids_refuses_a_scripted_turn(engine_url: s
 
 
 def test_answered_calls_count_calls_whose_tool_calls_were_streamed() -> None:
-    from nemo_polar.proxy.records import CallRecord
-    from nemo_polar.proxy.sessions import SessionConfig, SessionStore
+    from nemo_polar.proxy.store.records import CallRecord
+    from nemo_polar.proxy.store.sessions import SessionConfig, SessionStore
 
     session = SessionStore(None).create(SessionConfig(script=["a", "b", "c"]))
     for call_id in ("c1", "c2"):
@@ -266,8 +266,8 @@ def test_a_closed_session_leaves_memory_and_its_records_are_read_back_from_disk(
 
 
 def test_without_a_record_dir_only_the_latest_closed_sessions_are_kept() -> None:
-    from nemo_polar.proxy.records import CallRecord
-    from nemo_polar.proxy.sessions import ClosedSession, SessionConfig, SessionStore
+    from nemo_polar.proxy.store.records import CallRecord
+    from nemo_polar.proxy.store.sessions import ClosedSession, SessionConfig, SessionStore
 
     store = SessionStore(None, keep_closed=2)
     sessions = [store.create(SessionConfig()) for _ in range(3)]

@@ -11,8 +11,8 @@ import pytest
 from jinja2 import Environment
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-from nemo_polar.proxy.renderer import PROBE_TOOLS, TokenCache, _as_vllm_sees_them
-from nemo_polar.proxy.template_segments import NotSegmentable, SegmentedTemplate, TemplateCache
+from nemo_polar.proxy.render.renderer import PROBE_TOOLS, TokenCache, _as_vllm_sees_them
+from nemo_polar.proxy.render.template_segments import NotSegmentable, SegmentedTemplate, TemplateCache
 from tests.helpers.renders import MODELS, NASTY, grow, renderer, sessions
 
 

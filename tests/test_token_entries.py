@@ -26,7 +26,7 @@ from nemo_polar.cli import main as polar
 from nemo_polar.env.gym.token_check import cross_check
 from nemo_polar.env.gym.token_store import PolarLineageStore, PolarTokenStore
 from nemo_polar.env.gym.tokens import export_rollout, export_sessions, publish, rollout_id_of, token_entry
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, prefix_merging
 from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.reconstruct.io import load_records

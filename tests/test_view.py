@@ -23,7 +23,7 @@ from nemo_polar.cli import main as polar
 from nemo_polar.env.gateway import SessionOutcome
 from nemo_polar.env.session import SessionResult, write_session
 from nemo_polar.env.verdict import Verdict
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records, write_traces
 from nemo_polar.rewards.grader import GradeResult

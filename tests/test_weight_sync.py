@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from tests.conftest import ProxyHandle, make_proxy
 from tests.helpers.clients import openai_client
@@ -158,7 +158,7 @@ def test_keep_mode_records_where_a_weight_update_split_a_generation(held) -> Non
 def test_a_version_change_before_the_engine_has_the_call_is_no_split() -> None:
     """A resume that lands while a call is admitted but not yet sent to the engine: the call simply runs under the
     new version (nothing was sampled or prefilled under the old one)."""
-    from nemo_polar.proxy.admission import Admission
+    from nemo_polar.proxy.http.admission import Admission
 
     async def scenario() -> tuple[int | None, list, list]:
         adm = Admission(1)
@@ -232,7 +232,7 @@ def test_weight_sync_bad_input(versioned: ProxyHandle, route: str, body: object,
 
 
 def test_admission_counts_every_exit_path() -> None:
-    from nemo_polar.proxy.admission import Admission
+    from nemo_polar.proxy.http.admission import Admission
 
     async def scenario() -> None:
         adm = Admission(3)

@@ -40,9 +40,9 @@ def _proxy(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.family_parser import unreadable_format
-    from nemo_polar.proxy.serve import ProxyServer
+    from nemo_polar.proxy.http.config import ProxyConfig
+    from nemo_polar.proxy.http.serve import ProxyServer
+    from nemo_polar.proxy.parse.family_parser import unreadable_format
 
     values: dict = {}
     if args.config:

@@ -34,7 +34,7 @@ SampledIds = Literal["none", "mistral_json", "kimi_headers"]
 class ToolFormat:
     """What the proxy must know of the format one vLLM tool-call parser reads."""
 
-    in_process: bool = False  # nemo_polar/proxy/parser.py reads it (no vLLM worker needed)
+    in_process: bool = False  # nemo_polar/proxy/parse/parser.py reads it (no vLLM worker needed)
     call_ids: CallIdForm = "as_sent"
     sampled_ids: SampledIds = "none"
 
@@ -47,7 +47,8 @@ TOOL_FORMATS: dict[str | None, ToolFormat] = {
     # The kimi_k2 parser drops a call whose header is not functions.NAME:INDEX, though the template takes any id.
     "kimi_k2": ToolFormat(call_ids="functions_index", sampled_ids="kimi_headers"),
 }
-IN_PROCESS_REASONING = {None, "qwen3"}  # <think>...</think>, read by nemo_polar/proxy/parser.py
+IN_PROCESS_REASONING = {None, "qwen3"}  # <think>...</think>, read by nemo_polar/proxy/parse/parser.py
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # the tags of that reasoning format
 
 
 def tool_format(parser: str | None) -> ToolFormat:

@@ -5,7 +5,7 @@ tools and ``chat_template_kwargs``, ``adjust_request`` on a throwaway one, ``par
 the prompt's ids, ``parse`` on a whole output).
 
 Runs inside the engine virtualenv (vLLM lives there), so this file imports nothing from ``nemo_polar``; the proxy
-talks to it through :mod:`nemo_polar.proxy.family_parser`. One JSON object per line each way; every reply echoes
+talks to it through :mod:`nemo_polar.proxy.parse.family_parser`. One JSON object per line each way; every reply echoes
 ``id`` and carries ``ok``:
 
 - ``{"op": "open", "id", "model_dir", "tool_parser", "reasoning_parser", "harmony", "tools",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_polar.proxy.records import CallRecord, read_records
+from nemo_polar.proxy.store.records import CallRecord, read_records
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from nemo_polar.env.harness import Harness
 from nemo_polar.env.script import script_adapter
 from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.env.verdict import Verdict, VerdictKind, VerdictPolicy, judge, policy_versions
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
 from nemo_polar.reconstruct.io import write_traces

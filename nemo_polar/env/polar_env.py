@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, computed_field, field_validator, model_va
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.advantages import assign, group_advantages

@@ -21,7 +21,7 @@ from nemo_polar.env.script import Action
 from nemo_polar.env.session import SessionResult, run_session
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.progress import AttemptsProgress
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.instance import SWEInstance
 from nemo_polar.sandbox import get_runtime
@@ -117,8 +117,8 @@ def serve_proxy(
     if not engine:
         raise ValueError("no policy engine: pass an engine URL or a running proxy's URL")
     check_engine(engine)
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.serve import ProxyServer
+    from nemo_polar.proxy.http.config import ProxyConfig
+    from nemo_polar.proxy.http.serve import ProxyServer
 
     with ProxyServer(ProxyConfig(engine_url=engine, record_dir=record_dir, model_aliases=[model])) as server:
         yield server.client()

@@ -1,10 +1,10 @@
 """Scripted policy: a session's model turns written as harness-neutral actions.
 
-The embedded CPU models cannot drive a coding CLI on their own, so tests and demos give the proxy a script: each
-action becomes an assistant turn, which the model's own chat template writes in its family's format, and the engine
-is held to exactly those tokens for that call (:mod:`nemo_polar.proxy.scripted`). The CLI is real, its tools really
-run, and the ids and logprobs are really sampled by the engine; only the choice of tokens is fixed. Each harness
-adapter maps an action to its own tool name and argument schema.
+The embedded CPU models cannot drive a coding CLI on their own, so tests and demos give the proxy a script: each action
+becomes an assistant turn, which the model's own chat template writes in its family's format, and the engine is held to
+exactly those tokens for that call (:mod:`nemo_polar.proxy.generate.scripted`). The CLI is real, its tools really run,
+and the ids and logprobs are really sampled by the engine; only the choice of tokens is fixed. Each harness adapter maps
+an action to its own tool name and argument schema.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.harness import Endpoint, Harness
 from nemo_polar.env.harness.base import HARNESS_MOUNT
 from nemo_polar.env.script import Action
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.sandbox import Runtime, SandboxSpec
 from nemo_polar.sandbox.base import PROXY_UNREACHABLE, ExecResult
 from nemo_polar.sandbox.egress import EgressAttempt

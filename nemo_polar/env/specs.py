@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.env.harness import HARNESSES, Harness
 from nemo_polar.paths import conf_dir
-from nemo_polar.proxy.sessions import SessionConfig
+from nemo_polar.proxy.store.sessions import SessionConfig
 
 
 class PolarEnvSpec(BaseModel):

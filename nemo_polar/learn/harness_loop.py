@@ -40,8 +40,8 @@ from nemo_polar.env.harness import HARNESSES
 from nemo_polar.learn.lookup_tasks import write_task_repo
 from nemo_polar.learn.rollouts import HarnessRollouts, PhaseStats, Rollout, busy_fraction
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
-from nemo_polar.proxy.app import ProxyConfig
-from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.serve import ProxyServer
 from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.advantages import group_advantages
 

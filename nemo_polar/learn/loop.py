@@ -26,10 +26,10 @@ from nemo_polar.engine.launcher import resolve_model
 from nemo_polar.env.verdict import VerdictPolicy, cross_version
 from nemo_polar.learn.tasks import Task, split
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
-from nemo_polar.proxy.app import ProxyConfig
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord
-from nemo_polar.proxy.serve import ProxyServer
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.serve import ProxyServer
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.advantages import assign, group_advantages

@@ -19,9 +19,9 @@ from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gym.episodes import PolarEpisodes, PolarRunRequest, PolarSettings
 from nemo_polar.env.gym.nemo_rl import nemo_rl_sample
 from nemo_polar.env.gym.rows import example_row
-from nemo_polar.proxy.client import ProxyClient
 from nemo_polar.proxy.conversation import ToolCall
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.rewards.instance import SWEInstance
 
 AGENT = "polar_learn"

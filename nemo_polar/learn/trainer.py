@@ -12,7 +12,7 @@ from typing import Any
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, engine_python, free_port
 from nemo_polar.engine.weights import load_weights
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 
 WORKER = Path(__file__).with_name("grpo_worker.py")
 

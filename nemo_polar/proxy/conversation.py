@@ -2,7 +2,7 @@
 
 Normalisation makes echoes comparable: content part lists become strings, ``developer`` becomes
 ``system``, cache markers and ids vanish, and assistant turns that the proxy itself produced are replaced
-by the exact output it recorded (see :mod:`nemo_polar.proxy.sessions`). Two requests whose histories are
+by the exact output it recorded (see :mod:`nemo_polar.proxy.store.sessions`). Two requests whose histories are
 the same conversation therefore normalise to equal message lists, which is what continuation detection
 compares.
 """

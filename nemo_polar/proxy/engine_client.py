@@ -17,10 +17,9 @@ from typing import Any
 
 import aiohttp
 
-from nemo_polar.engine.families import CHATML, read_family_file, served_trait
+from nemo_polar.engine.families import CHATML, THINK_CLOSE, THINK_OPEN, read_family_file, served_trait
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.parser import THINK_CLOSE, THINK_OPEN
 
 # Errors raised when a pooled keep-alive connection was closed by the server just before reuse.
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)

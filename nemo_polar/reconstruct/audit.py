@@ -8,7 +8,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.trace import Trace
 
 FAILURE_KINDS = ("sampled_mismatch", "context_mismatch", "missing_records", "uncovered", "duplicated")

@@ -52,7 +52,7 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.engine.families import generation_glue
 from nemo_polar.proxy.conversation import parts_text
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.side_rules import DEFAULT_SIDE_RULES, SideRule
 from nemo_polar.reconstruct.trace import Role, Span, Trace
 

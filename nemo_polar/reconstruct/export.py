@@ -25,8 +25,8 @@ from pydantic import BaseModel, Field
 from nemo_polar.proxy.apis import get_adapter
 from nemo_polar.proxy.conversation import Conversation, Message, ToolCall
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.parser import StreamParser
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.parse.parser import StreamParser
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.gym import gym_output_items
 from nemo_polar.reconstruct.trace import Role, Trace
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from nemo_polar.proxy.records import CallRecord, iter_records
+from nemo_polar.proxy.store.records import CallRecord, iter_records
 from nemo_polar.reconstruct.trace import Trace
 
 
 def load_records(paths: list[Path]) -> dict[str, list[CallRecord]]:
     """Records grouped by session. A corrupt line, a record newer than this reader (``schema_version``, see
-    :mod:`nemo_polar.proxy.records`), or a complete record whose ids cannot be proven (no prompt, ids and logprobs of
-    different lengths) raises with the file, line and call id."""
+    :mod:`nemo_polar.proxy.store.records`), or a complete record whose ids cannot be proven (no prompt, ids and
+    logprobs of different lengths) raises with the file, line and call id."""
     sessions: dict[str, list[CallRecord]] = defaultdict(list)
     for path in paths:
         if not path.exists():

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.trace import Trace

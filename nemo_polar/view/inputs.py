@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import SessionOutcome
 from nemo_polar.env.session import SessionResult
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.io import load_records
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.grader import GradeResult

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jinja2
 
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.audit import AuditReport, audit
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.trace import Trace

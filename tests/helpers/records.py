@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.io import load_records
 from tests.conftest import ProxyHandle
 from tests.helpers.clients import openai_client

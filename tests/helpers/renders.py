@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.renderer import LocalRenderer, TokenCache
+from nemo_polar.proxy.render.renderer import LocalRenderer, TokenCache
 
 MODELS = ["tiny-qwen3", "smollm2-135m-instruct"]
 NASTY = [

@@ -49,7 +49,7 @@ from nemo_polar.env.harness import get_harness
 from nemo_polar.env.session import SessionResult
 from nemo_polar.env.verdict import Verdict
 from nemo_polar.paths import atomic_write
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
 
 T = TypeVar("T")

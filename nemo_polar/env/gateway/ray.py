@@ -35,7 +35,7 @@ from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway.gateway import Gateway
 from nemo_polar.env.gateway.models import GatewayConfig, RecoveryReport, SessionOutcome, SessionRequest
 from nemo_polar.env.verdict import Verdict, VerdictKind
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient
 
 
 def resolve_gateway_cls(spec: str | type) -> type[Gateway]:

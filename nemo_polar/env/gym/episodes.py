@@ -46,8 +46,8 @@ from nemo_polar.env.session import close_quietly
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, UnknownEnv, get_env, resolve_env
 from nemo_polar.env.verdict import Verdict, VerdictPolicy
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.client import ProxyClient
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
 from nemo_polar.reconstruct.envelope import Envelope, training_traces
 from nemo_polar.reconstruct.gym import gym_output_items
@@ -481,8 +481,8 @@ class PolarEpisodes:
         return server.client()
 
     def _start_proxies(self) -> None:
-        from nemo_polar.proxy.app import ProxyConfig
-        from nemo_polar.proxy.serve import ProxyServer
+        from nemo_polar.proxy.http.config import ProxyConfig
+        from nemo_polar.proxy.http.serve import ProxyServer
 
         record_dir = (self.config.work_dir or cache_dir() / "gym") / "records"
         aliases = list(dict.fromkeys([self.config.model, "local-model"]))  # run_session names its model local-model

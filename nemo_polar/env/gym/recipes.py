@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from nemo_polar.env.gym import gym_root
 from nemo_polar.env.gym.rows import validation_message
 from nemo_polar.env.specs import UnknownEnv, get_env
-from nemo_polar.proxy.sessions import SessionConfig
+from nemo_polar.proxy.store.sessions import SessionConfig
 
 # Keys of env.nemo_gym that NeMo-RL consumes itself and never hands to Gym (run_grpo_nemo_gym.py and
 # nemo_rl/environments/nemo_gym.py pop them).

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from nemo_polar.env.gym.compat import BuildOutput
 from nemo_polar.env.gym.compat import gym_prefix_merging as prefix_merging
 from nemo_polar.env.gym.tokens import export_rollout
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, BuildResult
 from nemo_polar.reconstruct.builders import prefix_merging as polar_prefix_merging
 

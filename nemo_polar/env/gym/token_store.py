@@ -25,7 +25,7 @@ Rules (each one a ``conformance.py`` check or a ``protocols.py`` sentence):
 - ``mark_incomplete`` works after a freeze and bumps the version; ``begin_call`` intents without an entry or an
   engine refusal at freeze make the snapshot incomplete (Gym main's optional sink methods; a refused call has no
   entry and loses nothing, and a call both sampled and refused is a conflict). The proxy's own refused calls
-  (:attr:`~nemo_polar.proxy.records.CallRecord.refused`) count as refusals, its other failed calls as incomplete.
+  (:attr:`~nemo_polar.proxy.store.records.CallRecord.refused`) count as refusals, its other failed calls as incomplete.
 - ``freeze`` is idempotent (same snapshot id, version and entries) and survives a new instance: the state is on disk.
   Entries are unique per call id: a put entry equal to a proxy record's entry counts once, a conflicting one makes
   the snapshot incomplete (fail closed at the reader).
@@ -55,8 +55,8 @@ from pydantic import BaseModel, Field
 from nemo_polar.env.gym.compat import IncrementalLineageStore, TokenCaptureSnapshot, TokenEntry, validate_rollout_id
 from nemo_polar.env.gym.tokens import export_rollout
 from nemo_polar.paths import atomic_write
-from nemo_polar.proxy.records import CallRecord, RecordReader
-from nemo_polar.proxy.sessions import SESSION_ID
+from nemo_polar.proxy.store.records import CallRecord, RecordReader
+from nemo_polar.proxy.store.sessions import SESSION_ID
 
 SUBDIR = "gym-tokens"
 

@@ -27,7 +27,7 @@ Record -> entry, field by field:
   server captures, while the proxy resolved these parents itself, token-exactly; unstamped entries are invisible to
   resolution, as Gym documents.
 - A failed call (``complete: false``) has no entry. One the serving side refused before sampling
-  (:attr:`CallRecord.refused <nemo_polar.proxy.records.CallRecord.refused>`: context too long, a conversation the
+  (:attr:`CallRecord.refused <nemo_polar.proxy.store.records.CallRecord.refused>`: context too long, a conversation the
   template refuses) lost nothing: it is an engine refusal (:attr:`TokenExport.refused`), which Gym main's sinks record
   with ``record_engine_refusal`` -- it resolves the call -- and a sink without that method (Gym 0.7.0) as an
   incomplete mark. Any other failed call (an engine fault, a client gone mid-stream) is a call of the rollout without
@@ -55,7 +55,7 @@ from nemo_polar.env.gym.compat import (
     validate_rollout_id,
 )
 from nemo_polar.proxy.conversation import Message
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.export import conversation, output_message
 
 # Reasons the proxy renders a request afresh because it has no model-authored history: Gym's ROOT.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_polar.proxy.conversation import ToolCall
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls
 from nemo_polar.paths import cache_dir
-from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
+from nemo_polar.proxy.store.sessions import ScriptCall, ScriptTurn
 from nemo_polar.reconstruct.side_rules import HARNESS_SIDE_RULES, SideRule
 
 HARNESS_MOUNT = "/opt/polar/harness"  # where the pinned install appears inside a sandbox

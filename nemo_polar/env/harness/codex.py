@@ -8,7 +8,7 @@ from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
 from nemo_polar.env.script import Action, Subagent
-from nemo_polar.proxy.sessions import ScriptCall, ScriptTurn
+from nemo_polar.proxy.store.sessions import ScriptCall, ScriptTurn
 
 BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 TEMPLATE_SLUG = "gpt-5.5"  # a built-in entry whose tools (freeform apply_patch, shell) suit a coding policy

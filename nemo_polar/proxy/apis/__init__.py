@@ -1,12 +1,13 @@
-"""The provider APIs the proxy serves, by :data:`~nemo_polar.proxy.records.Api` name: the one registry through which
-the proxy (``proxy/app.py``) and the offline export (``reconstruct/export.py``) parse requests and build responses.
-Each API's module ends with its :class:`~nemo_polar.proxy.apis.adapter.ApiAdapter`; a new API is one line here."""
+"""The provider APIs the proxy serves, by :data:`~nemo_polar.proxy.store.records.Api` name: the one registry through
+which the proxy (``proxy/http/app.py``) and the offline export (``reconstruct/export.py``) parse requests and build
+responses. Each API's module ends with its :class:`~nemo_polar.proxy.apis.adapter.ApiAdapter`; a new API is one line
+here."""
 
 from __future__ import annotations
 
 from nemo_polar.proxy.apis import anthropic, chat, gemini, responses
 from nemo_polar.proxy.apis.adapter import ApiAdapter
-from nemo_polar.proxy.records import Api
+from nemo_polar.proxy.store.records import Api
 
 ADAPTERS: dict[Api, ApiAdapter] = {
     adapter.name: adapter

@@ -2,8 +2,8 @@
 (``chat.py``, ``responses.py``, ``anthropic.py``) and listed in :data:`nemo_polar.proxy.apis.ADAPTERS`.
 
 A new provider API is one module that ends with its ``ADAPTER``, one line in that registry, its name in the ``Api``
-literal (``proxy/records.py``) and its route in ``proxy/app.py``; the proxy and the offline export reach every API
-only through the registry.
+literal (``proxy/store/records.py``) and its route in ``proxy/http/app.py``; the proxy and the offline export reach
+every API only through the registry.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_polar.proxy.conversation import Conversation
-from nemo_polar.proxy.output import Output, StreamEmitter
-from nemo_polar.proxy.records import Api
+from nemo_polar.proxy.parse.output import Output, StreamEmitter
+from nemo_polar.proxy.store.records import Api
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, now, sse, validate
 from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall, parts_text
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, StreamEmitter, new_id
+from nemo_polar.proxy.parse.output import Output, StreamEmitter, new_id
 from nemo_polar.proxy.sampling import SamplingParams
 
 _ID_PREFIX = "chatcmpl-"

@@ -24,7 +24,7 @@ from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, sse, validate
 from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.parse.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
 from nemo_polar.proxy.sampling import SamplingParams
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS"}

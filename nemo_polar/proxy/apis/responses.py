@@ -25,7 +25,7 @@ from nemo_polar.proxy.conversation import (
     parts_text,
 )
 from nemo_polar.proxy.errors import bad_request
-from nemo_polar.proxy.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
+from nemo_polar.proxy.parse.output import Output, StreamEmitter, decode_reasoning, encode_reasoning, new_id
 from nemo_polar.proxy.sampling import SamplingParams
 
 _ID_PREFIX = "resp_"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from nemo_polar.proxy.records import CallRecord
+from nemo_polar.proxy.store.records import CallRecord
 
 _client: httpx.Client | None = None
 _client_lock = threading.Lock()

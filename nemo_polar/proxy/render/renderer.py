@@ -27,9 +27,9 @@ from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, template_refused
-from nemo_polar.proxy.prefix import common_prefix
-from nemo_polar.proxy.prepared import TemplateInputs, as_vllm_sees_it
-from nemo_polar.proxy.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
+from nemo_polar.proxy.render.prefix import common_prefix
+from nemo_polar.proxy.render.prepared import TemplateInputs, as_vllm_sees_it
+from nemo_polar.proxy.render.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
 
 log = logging.getLogger(__name__)
 

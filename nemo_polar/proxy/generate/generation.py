@@ -20,16 +20,16 @@ from typing import Any
 
 import aiohttp
 
-from nemo_polar.proxy import scripted
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall, valid_template_id
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.family_parser import FamilyStream, ParserWorkerError, sampled_call_ids
-from nemo_polar.proxy.output import Output
-from nemo_polar.proxy.parser import ParseEvent, StreamParser
-from nemo_polar.proxy.renderer import Renderer
+from nemo_polar.proxy.generate import scripted
+from nemo_polar.proxy.parse.family_parser import FamilyStream, ParserWorkerError, sampled_call_ids
+from nemo_polar.proxy.parse.output import Output
+from nemo_polar.proxy.parse.parser import ParseEvent, StreamParser
+from nemo_polar.proxy.render.renderer import Renderer
 from nemo_polar.proxy.sampling import SamplingParams
-from nemo_polar.proxy.sessions import CallState, Session
+from nemo_polar.proxy.store.sessions import CallState, Session
 
 KEEPALIVE = object()
 

@@ -1,5 +1,5 @@
-"""The proxy's two ASGI apps over one engine client and session store: the model API that harnesses (and so
-sandboxed agents) reach, and the admin API for sessions, records, weight sync and metrics on a listener of its own."""
+"""One model call from request to record: the :class:`Proxy` authenticates the session, reads the provider's
+request, plans and runs the generation (streamed or whole), and commits the record."""
 
 from __future__ import annotations
 
@@ -9,112 +9,43 @@ import gc
 import gzip
 import json
 import logging
-import secrets
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nemo_polar.proxy.admission import AdmissionState, Ticket
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, error_response, tools_unsupported
-from nemo_polar.proxy.family_parser import FamilyStream, acquire_parser_worker, family_format, release_parser_worker
-from nemo_polar.proxy.generation import KEEPALIVE, Generation, plan
-from nemo_polar.proxy.metrics import MeteredAdmission, ProxyMetrics
-from nemo_polar.proxy.output import StreamEmitter, new_id
-from nemo_polar.proxy.parser import ParseEvent
-from nemo_polar.proxy.records import Api, CallRecord, Mode
-from nemo_polar.proxy.renderer import (
+from nemo_polar.proxy.generate.generation import KEEPALIVE, Generation, plan
+from nemo_polar.proxy.http.admission import Ticket
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.metrics import MeteredAdmission, ProxyMetrics
+from nemo_polar.proxy.parse.family_parser import (
+    FamilyStream,
+    acquire_parser_worker,
+    family_format,
+)
+from nemo_polar.proxy.parse.output import StreamEmitter, new_id
+from nemo_polar.proxy.parse.parser import ParseEvent
+from nemo_polar.proxy.render.renderer import (
     EngineRenderer,
     Renderer,
-    preload_tokenizers,
     probe_template,
     verified_local_renderer,
 )
-from nemo_polar.proxy.sessions import Session, SessionConfig, SessionCreated, SessionStore
-
-
-def new_admin_token() -> str:
-    """A random admin token. Prefixed, so it never starts with "-" (a bare token_urlsafe does, one time in 64, and
-    `--proxy-admin-token <token>` then reads as an unknown option)."""
-    return f"polar-admin-{secrets.token_urlsafe(24)}"
-
-
-class ProxyConfig(BaseModel):
-    engine_url: str
-    default_mode: Mode = "continuation"
-    record_dir: Path | None = None
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-    keepalive_s: float = Field(default=5.0, gt=0, description="SSE keep-alive interval while the engine is silent")
-    model_aliases: list[str] = Field(default_factory=list)
-    eot_token: str | None = Field(
-        default=None,
-        description="the token that ends a turn; None: the one the model directory's polar-family.json names, "
-        "else <|im_end|>",
-    )
-    admin_token: str = Field(
-        default_factory=new_admin_token,
-        min_length=8,
-        description="bearer token of the admin API; random unless given (ProxyServer.admin_token, printed by the CLI)",
-    )
-
-    @field_validator("admin_token", mode="before")
-    @classmethod
-    def _random_unless_given(cls, value: Any) -> Any:
-        return new_admin_token() if value is None else value
-
-    tool_call_parser: str | None = Field(
-        default=None,
-        description="vLLM's name for the model's tool-call format; None: the one the model directory's "
-        "polar-family.json names, else hermes/qwen3_coder (read in process)",
-    )
-    reasoning_parser: str | None = Field(default=None, description="likewise for reasoning")
-    policy_version: int | None = Field(default=None, description="stamped on records until a resume changes it")
-    render: Literal["auto", "engine"] = Field(
-        default="auto", description="auto: render in-process when verified identical to the engine's /tokenize"
-    )
-    served_model: str | None = Field(
-        default=None,
-        description="the engine's model name when it serves no /v1/models (NeMo-RL's vLLM HTTP server); "
-        "otherwise the engine's own model list is used",
-    )
-    freeze_heap: bool = Field(
-        default=False,
-        description="the proxy owns its process (`polar proxy`): freeze the start-up heap (settle_heap). Off where "
-        "it runs inside another program, whose objects a freeze would keep from ever being collected",
-    )
-
+from nemo_polar.proxy.store.records import Api, CallRecord
+from nemo_polar.proxy.store.sessions import Session, SessionStore
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-GEMINI_VERSIONS = {"v1beta", "v1", "v1alpha"}
-GEMINI_METHODS = {"generateContent", "streamGenerateContent", "countTokens"}
-
-
-def _gemini_model(name: str, max_len: int | None) -> dict[str, Any]:
-    """A Gemini API ``Model`` resource for a served name."""
-    return {
-        "name": f"models/{name}",  # as the Gemini adapter's model_field names it in records
-        "baseModelId": name,
-        "version": "1",
-        "displayName": name,
-        "inputTokenLimit": max_len or 0,
-        "outputTokenLimit": max_len or 0,
-        "supportedGenerationMethods": sorted(GEMINI_METHODS),
-    }
 
 
 class Proxy:
@@ -439,17 +370,6 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ProxyError(400, f"request body must be a JSON object, not {type(data).__name__}")
-    return data
-
-
 def _emit(emitter: StreamEmitter, ev: object) -> list[str]:
     if isinstance(ev, ToolCall):
         return emitter.tool_call(ev)
@@ -475,34 +395,9 @@ def _complete(record: CallRecord, gen: Generation, ticket: Ticket) -> None:
     record.complete = True
 
 
-@dataclass(frozen=True)
-class ProxyApps:
-    """The proxy's two ASGI apps over one :class:`Proxy`, served on separate listeners.
+def handle_proxy_errors(app: FastAPI) -> None:
+    """Every failure on either app answers in a provider's error shape."""
 
-    ``model`` is the data plane: the provider APIs a harness calls with its session key, ``/v1/models`` and a bare
-    ``/health``; it is the only listener a sandbox's relay ever forwards to, so nothing an agent sends can reach a
-    control route. ``admin`` is the control plane: sessions and their records, weight sync (pause/resume), metrics
-    and the full health state, every route behind the admin bearer token.
-    """
-
-    proxy: Proxy
-    model: FastAPI
-    admin: FastAPI
-
-
-def create_apps(
-    config: ProxyConfig, *, api_key: str | None = None, session_config: SessionConfig | None = None
-) -> ProxyApps:
-    """Build both apps; ``api_key`` pre-creates one session with that key (handy for running a CLI by hand)."""
-    if config.render == "auto":
-        preload_tokenizers()  # here, not lazily on the first call: see preload_tokenizers
-    proxy = Proxy(config)
-    if api_key:
-        proxy.sessions.create(session_config or SessionConfig(mode=config.default_mode), api_key=api_key)
-    return ProxyApps(proxy, _model_app(proxy), _admin_app(proxy))
-
-
-def _handle_proxy_errors(app: FastAPI) -> None:
     @app.exception_handler(ProxyError)
     async def _proxy_error(_: Request, err: ProxyError) -> JSONResponse:
         return error_response("openai", err)
@@ -511,155 +406,3 @@ def _handle_proxy_errors(app: FastAPI) -> None:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown routes and wrong methods answer in the provider's error shape, like every other failure.
         return error_response("openai", ProxyError(exc.status_code, str(exc.detail)))
-
-
-def _model_app(proxy: Proxy) -> FastAPI:
-    config = proxy.config
-    app = FastAPI(title="nemo_polar proxy: model API", openapi_url=None, docs_url=None, redoc_url=None)
-    app.state.proxy = proxy
-    _handle_proxy_errors(app)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok"}  # the sandbox's liveness probe; the state lives on the admin listener
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        info = await proxy.engine.info()
-        names = [info.model, *config.model_aliases]
-        if request.headers.get("anthropic-version"):
-            data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
-            return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
-        return {
-            "object": "list",
-            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "nemo_polar"} for n in names],
-        }
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await proxy.call("chat", request)
-
-    @app.post("/v1/responses")
-    async def create_response(request: Request) -> Response:
-        return await proxy.call("responses", request)
-
-    @app.get("/v1/responses")
-    async def responses_websocket() -> Response:
-        # Codex probes a WebSocket transport on GET; a 404 makes it fall back to HTTP POST.
-        return error_response("openai", ProxyError(404, "WebSocket transport is not supported; use POST /v1/responses"))
-
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await proxy.call("anthropic", request)
-
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> Response:
-        return await proxy.count_tokens("anthropic", request)
-
-    # Google's Gemini API: /{version}/models/{model}:{method}, the version as the SDK is configured (v1beta).
-    @app.post("/{version}/models/{target}")
-    async def gemini(version: str, target: str, request: Request) -> Response:
-        model, _, method = target.partition(":")
-        if version not in GEMINI_VERSIONS or method not in GEMINI_METHODS or not model:
-            err = ProxyError(404, f"unknown method {target!r}; expected one of {sorted(GEMINI_METHODS)}")
-            return error_response("gemini", err)
-        if method == "countTokens":
-            return await proxy.count_tokens("gemini", request, path_model=model)
-        return await proxy.call("gemini", request, path_model=model, stream=method == "streamGenerateContent")
-
-    @app.get("/{version}/models")
-    async def gemini_models(version: str) -> Response:
-        if version not in GEMINI_VERSIONS:
-            return error_response("gemini", ProxyError(404, f"unknown API version {version!r}"))
-        info = await proxy.engine.info()
-        names = [info.model, *config.model_aliases]
-        return JSONResponse({"models": [_gemini_model(n, info.max_model_len) for n in names]})
-
-    @app.get("/{version}/models/{model}")
-    async def gemini_model(version: str, model: str) -> Response:
-        if version not in GEMINI_VERSIONS:
-            return error_response("gemini", ProxyError(404, f"unknown API version {version!r}"))
-        return JSONResponse(_gemini_model(model, (await proxy.engine.info()).max_model_len))
-
-    return app
-
-
-def _admin_app(proxy: Proxy) -> FastAPI:
-    config = proxy.config
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if config.freeze_heap:
-            settle_heap()
-        watch = asyncio.create_task(proxy.metrics.watch_event_loop())  # the listeners share one loop
-        yield
-        watch.cancel()
-        await proxy.engine.aclose()
-        await asyncio.to_thread(release_parser_worker, proxy.parser_worker)
-
-    def admin(request: Request) -> None:
-        if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {config.admin_token}"):
-            raise ProxyError(401, "the admin API requires the admin token (Authorization: Bearer <token>)")
-
-    app = FastAPI(
-        title="nemo_polar proxy: admin API", lifespan=lifespan, dependencies=[Depends(admin)], openapi_url=None
-    )
-    app.state.proxy = proxy
-    _handle_proxy_errors(app)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        """Prometheus text format (scrapers send the admin token as a Bearer)."""
-        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.post("/polar/pause")
-    async def pause(request: Request) -> AdmissionState:
-        """Stop admitting generations and wait up to ``timeout_s`` for in-flight ones (weight sync); with ``keep``
-        (an engine that pauses and resumes them itself) wait for none: a resume that changes the version records
-        the change in each call still in flight."""
-        body = await _json_body(request)
-        timeout, keep = body.get("timeout_s", 60.0), body.get("keep", False)
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-            raise ProxyError(400, "timeout_s must be a non-negative number")
-        if not isinstance(keep, bool):
-            raise ProxyError(400, "keep must be true or false")
-        return await proxy.admission.pause(float(timeout), keep=keep)
-
-    @app.post("/polar/resume")
-    async def resume(request: Request) -> AdmissionState:
-        """Admit generations again; ``policy_version`` (optional) is stamped on every record from now on."""
-        version = (await _json_body(request)).get("policy_version")
-        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-            raise ProxyError(400, "policy_version must be an integer")
-        return proxy.admission.resume(version)
-
-    @app.post("/polar/sessions")
-    async def create_session(request: Request) -> SessionCreated:
-        data = await _json_body(request)
-        data.setdefault("mode", config.default_mode)
-        try:
-            cfg = SessionConfig.model_validate(data)
-        except ValueError as exc:
-            raise ProxyError(400, f"invalid session config: {exc}") from None
-        session = proxy.sessions.create(cfg)
-        return SessionCreated(session_id=session.id, api_key=session.api_key)
-
-    @app.get("/polar/sessions/{session_id}/records")
-    async def session_records(session_id: str) -> JSONResponse:
-        records = await asyncio.to_thread(proxy.sessions.records, session_id)
-        if records is None:
-            raise ProxyError(404, f"no session {session_id!r}")
-        return JSONResponse([r.model_dump(mode="json") for r in records])
-
-    @app.delete("/polar/sessions/{session_id}")
-    async def close_session(session_id: str) -> dict[str, Any]:
-        session = await asyncio.to_thread(proxy.sessions.close, session_id)  # may read a closed one back from disk
-        if session is None:
-            raise ProxyError(404, f"no session {session_id!r}")
-        return {"session_id": session_id, "closed": True, "records": len(session.records)}
-
-    return app

@@ -1,13 +1,12 @@
 """The scripted policy's turns, as the engine's token ids.
 
-Tests and demos hold a session's model turns to a script (see :class:`~nemo_polar.proxy.sessions.SessionConfig`).
-A :class:`~nemo_polar.proxy.sessions.ScriptTurn` is written by the model's own chat template, so a script runs on any
-model family: the engine's render of a one-line conversation with its generation prompt is a prefix of its render of
-the same conversation closed by the turn, and what follows the prefix is the turn exactly as the template writes it
-(its tool-call format, its reasoning markers, its end of turn). The engine's forced-tokens logits processor
+Tests and demos hold a session's model turns to a script (see :class:`~nemo_polar.proxy.store.sessions.SessionConfig`).
+A :class:`~nemo_polar.proxy.store.sessions.ScriptTurn` is written by the model's own chat template, so a script runs on
+any model family: the engine's render of a one-line conversation with its generation prompt is a prefix of its render of
+the same conversation closed by the turn, and what follows the prefix is the turn exactly as the template writes it (its
+tool-call format, its reasoning markers, its end of turn). The engine's forced-tokens logits processor
 (``engine/vllm_plugins/polar_forced_tokens.py``) lets the model sample only those ids; vLLM stops at the first stop
-token among them, or at the one the template writes next. The ids and logprobs are still the engine's own samples.
-"""
+token among them, or at the one the template writes next. The ids and logprobs are still the engine's own samples."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from typing import Any
 from nemo_polar.proxy.conversation import CallIdForm
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.sessions import FORCED_IDS, THEN_STOP, ScriptTurn, Session
+from nemo_polar.proxy.store.sessions import FORCED_IDS, THEN_STOP, ScriptTurn, Session
 
 OPENING = [{"role": "user", "content": "Go on."}]
 PROBE_TEXT = "Scripted turns are held to these tokens."

@@ -17,8 +17,9 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from nemo_polar.proxy.app import ProxyApps, ProxyConfig, create_apps
-from nemo_polar.proxy.client import ProxyClient
+from nemo_polar.proxy.http.app import ProxyApps, create_apps
+from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.config import ProxyConfig
 
 # How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals httpx's keepalive_expiry and
 # exceeds Node's (4 s): an agent that reuses its connection after ~5 s of tool time races the server's close and

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from nemo_polar.engine.families import THINK_CLOSE, THINK_OPEN
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 

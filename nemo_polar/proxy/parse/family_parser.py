@@ -22,9 +22,9 @@ from nemo_polar.engine.families import is_harmony, read_in_process, tool_format
 from nemo_polar.engine.worker_process import WorkerProcess, WorkerProcessError
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.parser import ParsedToolCall, ParseEvent
+from nemo_polar.proxy.parse.parser import ParsedToolCall, ParseEvent
 
-WORKER = Path(__file__).resolve().parents[1] / "engine" / "parser_worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "engine" / "parser_worker.py"
 
 
 MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's calls follow this token: a JSON list, each call with its "id"

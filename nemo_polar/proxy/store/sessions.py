@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from nemo_polar.proxy.conversation import CallIdForm, Conversation, Message, fingerprint, script_call_id
-from nemo_polar.proxy.records import CallRecord, History, Mode, RecordWriter, read_records
-from nemo_polar.proxy.renderer import TokenCache
+from nemo_polar.proxy.render.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
+from nemo_polar.proxy.store.records import CallRecord, History, Mode, RecordWriter, read_records
 
 # The keys the engine's forced-tokens logits processor reads (engine/vllm_plugins/polar_forced_tokens.py).
 FORCED_IDS, THEN_STOP = "polar_forced_ids", "polar_then_stop"
@@ -97,7 +97,7 @@ class SessionConfig(BaseModel):
 
     def engine_extra(self, position: int, forced: dict[str, Any] | None = None) -> dict[str, Any]:
         """What is merged into the engine request of the session's next call; ``forced``: a ScriptTurn's ids for the
-        forced-tokens processor (:func:`nemo_polar.proxy.scripted.engine_extra` renders them)."""
+        forced-tokens processor (:func:`nemo_polar.proxy.generate.scripted.engine_extra` renders them)."""
         if position >= len(self.script):
             return self.extra_body
         step = self.script[position]

@@ -32,7 +32,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from nemo_polar.proxy import fastjson
-from nemo_polar.proxy.prefix import common_prefix
+from nemo_polar.proxy.render.prefix import common_prefix
 
 START = "polar_render_start"
 MARK = "polar_render_mark"

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
-from nemo_polar.proxy.prefix import common_prefix, common_suffix
+from nemo_polar.proxy.render.prefix import common_prefix, common_suffix
 from nemo_polar.proxy.sampling import SamplingParams
 
 Api = Literal["chat", "responses", "anthropic", "gemini"]

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nemo_polar.proxy.admission import Admission, Ticket
 from nemo_polar.proxy.errors import ProxyError
-from nemo_polar.proxy.records import Api, CallRecord
-from nemo_polar.proxy.sessions import SessionStore
+from nemo_polar.proxy.http.admission import Admission, Ticket
+from nemo_polar.proxy.store.records import Api, CallRecord
+from nemo_polar.proxy.store.sessions import SessionStore
 
 # Agent calls run from milliseconds (a cached tool-call turn) to many minutes (long generations on a loaded engine).
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
