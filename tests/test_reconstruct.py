@@ -475,3 +475,12 @@ def test_summary_asked_for_in_a_conversation_of_its_own_is_compaction_too() -> N
         ("compaction", "compaction", ["ask"]),
         ("compaction", "compaction", ["k1"]),
     ]
+
+
+def test_a_summary_is_recognised_by_the_part_its_cli_carries() -> None:
+    """Claude Code carries only what is inside <summary>...</summary> into its compacted history."""
+    from nemo_polar.reconstruct.side_rules import carried_summary
+
+    reply = "<analysis>scratch work</analysis>\n<summary>\nThe user asked to fix add().\n</summary>"
+    assert carried_summary(reply) == "The user asked to fix add()."
+    assert carried_summary("no tags: carried whole") == "no tags: carried whole"

@@ -43,7 +43,6 @@ the session continued is kept in the chain, every other one is a trace of its ow
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,10 +52,8 @@ from pydantic import BaseModel, Field
 from nemo_polar.engine.families import generation_glue
 from nemo_polar.proxy.conversation import parts_text
 from nemo_polar.proxy.store.records import CallRecord
-from nemo_polar.reconstruct.side_rules import DEFAULT_SIDE_RULES, SideRule
+from nemo_polar.reconstruct.side_rules import DEFAULT_SIDE_RULES, SideRule, carried_summary
 from nemo_polar.reconstruct.trace import Role, Span, Trace
-
-SUMMARY_TAG = re.compile(r"<summary>(.*?)</summary>", re.S)
 
 
 class BuilderConfig(BaseModel):
@@ -358,8 +355,7 @@ def _summary_text(rec: CallRecord) -> str | None:
     text = (rec.output_text or "").strip()
     if rec.finish_reason != "stop" or "<tool_call>" in text:
         return None
-    tagged = SUMMARY_TAG.search(text)  # Claude Code carries only what is inside <summary>...</summary>
-    text = tagged.group(1).strip() if tagged else text
+    text = carried_summary(text)
     return text if len(text) >= 24 else None
 
 

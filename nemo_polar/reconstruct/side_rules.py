@@ -10,6 +10,8 @@ harness adapters and cannot import them.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, Field
 
 
@@ -74,3 +76,17 @@ DEFAULT_SIDE_RULES = [
     TITLE_GENERATION,
     *HARNESS_SIDE_RULES["gemini_cli"],
 ]
+
+
+# Where a CLI carries only part of a summary reply into the history it rewrites (compaction): the tag around that
+# part, by harness. Claude Code keeps what is inside <summary>...</summary>.
+HARNESS_SUMMARY_TAGS: dict[str, str] = {"claude_code": "summary"}
+_CARRIED = [re.compile(rf"<{tag}>(.*?)</{tag}>", re.S) for tag in dict.fromkeys(HARNESS_SUMMARY_TAGS.values())]
+
+
+def carried_summary(text: str) -> str:
+    """The part of a summary reply a CLI carries into its rewritten history: inside a harness's tag, else all."""
+    for tag in _CARRIED:
+        if found := tag.search(text):
+            return found.group(1).strip()
+    return text
