@@ -3,8 +3,10 @@ tokenizer and template of tiny-qwen3) in front of a **stub engine**: it answers 
 prompt's ids echoed, a fixed short reply with ids and logprobs) and does no model work, so every figure is the
 proxy's own. A 200-call chat session whose history grows to 64k tokens, then one to 128k: the proxy process's CPU
 time per call (user + system, from /proc) against the context length and its fitted exponent; the bytes its records
-take on disk per unique session token; prefix merging's calls/s on them. Then ``--sessions`` concurrent sessions at
-32k-token contexts: the proxy's sustained calls/s. The last line is the per-call CPU at 64k.
+take on disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k, 64k and
+128k tokens (the stages each record timestamps: request read and parsed, admitted, rendered, the stub engine's round
+trip, recorded). Then ``--sessions`` concurrent sessions at 32k-token contexts: the proxy's sustained calls/s. The last
+line is the per-call CPU at 64k.
 
     python -m bench.session_scale [--calls 200] [--sessions 256] [--concurrent-context 32768]
 """
@@ -25,6 +27,7 @@ from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.render.renderer import LocalRenderer
+from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 
@@ -140,6 +143,35 @@ async def sustained(url: str, keys: list[str], context: int, rounds: int) -> flo
         return rounds * len(keys) / (time.perf_counter() - t0)
 
 
+# A call's stages in order (CallRecord.stages: seconds from the request's arrival), and what each span holds.
+SPANS = {
+    "parsed": "read + parse",  # the body read, decoded, parsed into a Conversation, echoed turns restored
+    "admitted": "admit",  # the weight-sync gate
+    "rendered": "render",  # traits, parent, new messages rendered, the prompt's ids
+    "engine_accepted": "engine",  # the request to the (stub) engine and its answer
+}
+
+
+def stage_breakdown(records: list[CallRecord], at: list[int], window: int = 10) -> dict[int, dict[str, float]]:
+    """Mean milliseconds per stage of the ``window`` calls whose prompt is nearest each context in ``at`` (the
+    stages as each record timestamps them, and ``record`` from the last stage to the record's completion)."""
+    done = [r for r in records if r.complete and r.finished_at is not None and "engine_accepted" in r.stages]
+    table: dict[int, dict[str, float]] = {}
+    for context in at:
+        near = sorted(done, key=lambda r: abs(len(r.prompt_token_ids) - context))[:window]
+        if not near or abs(len(near[0].prompt_token_ids) - context) > context / 4:
+            continue  # the session never came near this size
+        spans: dict[str, float] = {}
+        for r in near:
+            last = 0.0
+            for stage, name in SPANS.items():
+                spans[name] = spans.get(name, 0.0) + r.stages[stage] - last
+                last = r.stages[stage]
+            spans["record"] = spans.get("record", 0.0) + (r.finished_at or 0.0) - r.started_at - last
+        table[context] = {name: 1000 * total / len(near) for name, total in spans.items()}
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
@@ -151,6 +183,7 @@ def main() -> None:
     local = LocalRenderer(MODEL)
     figures: dict[str, float] = {}
     cpu: dict[str, Any] = {}
+    stages: dict[int, dict[str, float]] = {}
     with BackgroundServer(stub_engine(local)) as engine, proxy(engine.url, cpu) as client:
         pid = cpu["proxy_pid"]
         for context in args.contexts:
@@ -179,6 +212,12 @@ def main() -> None:
                 f"~ context^{exponent:.2f}; records {path.stat().st_size / unique:.1f} bytes per unique token; "
                 f"prefix merging {merge_calls_s:,.0f} calls/s"
             )
+            stages |= stage_breakdown(records, [c for c in (8192, 32768, 65536, 131072) if c <= context])
+        print("where a call's time goes (wall ms, mean of the 10 calls nearest each context; stub engine):")
+        print("  context  " + "".join(f"{name:>14}" for name in [*SPANS.values(), "record"]))
+        for context, spans in sorted(stages.items()):
+            print(f"  {context // 1024:>5}k  " + "".join(f"{ms:>14.1f}" for ms in spans.values()))
+            figures |= {f"stage_ms_{name.split()[0]}_{context // 1024}k": ms for name, ms in spans.items()}
         keys = [new_session(client, mode="continuation") for _ in range(args.sessions)]
         rate = asyncio.run(sustained(client.url, keys, args.concurrent_context, args.rounds))
         figures["sustained_calls_per_s"] = rate
