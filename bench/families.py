@@ -40,10 +40,10 @@ import httpx
 from pydantic import BaseModel
 
 from bench.common import report
-from nemo_polar.demo import TASKS, DemoRow, run_all
-from nemo_polar.engine.families import stand_ins
+from nemo_polar.engine.families import served_trait, stand_ins
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
-from nemo_polar.env.rollout import serve_proxy
+from nemo_polar.env.frontends.demo_runs import TASKS, DemoRow, run_all
+from nemo_polar.env.frontends.rollout import serve_proxy
 from nemo_polar.proxy.apis import CAPTURED_APIS, get_adapter
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.http.client import ProxyClient
@@ -78,7 +78,7 @@ def replay(proxy: ProxyClient, engine_url: str) -> tuple[int, int, dict[str, int
     async def engine_render(body: dict[str, Any], api: str) -> list[int]:
         engine = EngineClient(engine_url)
         try:
-            tool_parser = (await engine.info()).family.get("tool_call_parser")  # as the proxy probes it
+            tool_parser = served_trait((await engine.info()).family, "tool_call_parser")  # as the proxy probes it
             traits = await probe_template(EngineRenderer(engine), tool_parser)
             conv = get_adapter(CAPTURED_APIS[api]).parse(body)
             tools = conv.template_tools() if conv.tool_choice != "none" else None

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import report
 from nemo_polar.engine.launcher import resolve_model
-from nemo_polar.env.attempt import AttemptDir
+from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.learn.harness_loop import HarnessLearnConfig, HarnessLearnResult, learn_through_harness
 from nemo_polar.learn.loop import rows
 from nemo_polar.learn.trainer import TrainerProcess

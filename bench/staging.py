@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 
 from bench.common import engine, report
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionRequest
-from nemo_polar.env.session import SessionResult
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from nemo_polar.rewards.grader import GradeResult

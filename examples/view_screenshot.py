@@ -26,10 +26,10 @@ import httpx
 import yaml
 from pydantic import BaseModel, Field
 
+from nemo_polar.env.frontends.patterns import Expect
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.patterns import Expect
-from nemo_polar.env.script import Action
-from nemo_polar.env.session import run_session
+from nemo_polar.env.harness.script import Action
+from nemo_polar.env.runtime.session import run_session
 from nemo_polar.proxy.http.config import ProxyConfig
 from nemo_polar.proxy.http.serve import ProxyServer
 from nemo_polar.reconstruct.patterns import summarize
@@ -44,7 +44,8 @@ MUST_HAVE = ("subagent", "compaction")  # the chain roles the screenshot is for
 
 
 class DemoTask(BaseModel):
-    """A pattern file's fields (:class:`nemo_polar.env.patterns.PatternTask`) for a session of several scenarios."""
+    """A pattern file's fields (:class:`nemo_polar.env.frontends.patterns.PatternTask`) for a session of several
+    scenarios."""
 
     about: str
     instruction: str

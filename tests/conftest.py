@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
+from nemo_polar.env.frontends.patterns import harness_order
 from nemo_polar.env.gym import ENVIRONMENTS
-from nemo_polar.env.patterns import harness_order
 from nemo_polar.proxy.http.app import ProxyApps
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.http.config import ProxyConfig

@@ -12,11 +12,11 @@ import datasets
 import pytest
 
 from nemo_polar.cli import main
-from nemo_polar.env.generate import generate
+from nemo_polar.env.frontends.generate import generate
+from nemo_polar.env.frontends.rollout import compose
+from nemo_polar.env.frontends.rollout import env_config as rollout_env_config
 from nemo_polar.env.gym.rows import Shape, example_row
 from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
-from nemo_polar.env.rollout import compose
-from nemo_polar.env.rollout import env_config as rollout_env_config
 from nemo_polar.env.specs import EnvOverrides, resolve_env
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances

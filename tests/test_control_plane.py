@@ -20,8 +20,8 @@ import pytest
 from pydantic import Field
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.script import Final, Shell
-from nemo_polar.env.session import run_session
+from nemo_polar.env.harness.script import Final, Shell
+from nemo_polar.env.runtime.session import run_session
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.sandbox import get_runtime
 from nemo_polar.sandbox.base import PROXY_PORT

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nemo_polar import demo
+from nemo_polar.env.frontends import demo_runs
 from nemo_polar.env.gym import ENVIRONMENTS
 from tests.helpers.demo import DIALECT_ENVS, run_demo
 from tests.helpers.lanes import lane
@@ -28,7 +29,7 @@ def test_demo_runs_the_whole_loop(
 
 
 def test_every_environment_has_a_demo_task_and_a_bad_env_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert set(demo.TASKS) == set(ENVIRONMENTS)
+    assert set(demo_runs.TASKS) == set(ENVIRONMENTS)
     with pytest.raises(SystemExit):
         demo.main(["--env", "polar_cursor"])
     assert "invalid choice: 'polar_cursor'" in capsys.readouterr().err

@@ -23,7 +23,6 @@ from fastapi.testclient import TestClient
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.openai_utils import NeMoGymResponseOutputMessageForTraining
 
-from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, VARIANTS, agent_name, gym_root
 from nemo_polar.env.gym.agent import PolarAgentConfig
 from nemo_polar.env.gym.nemo_rl import nemo_rl_sample
@@ -37,7 +36,8 @@ from nemo_polar.env.gym.rows import (
     instance_from_row,
     split_rows,
 )
-from nemo_polar.env.verdict import Verdict
+from nemo_polar.env.runtime.episode import Episode
+from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle, free_port, make_proxy
 from tests.helpers.clients import loopback

@@ -21,7 +21,6 @@ from fastapi.testclient import TestClient
 from nemo_gym.episode_types import EpisodeFailure
 from nemo_gym.server_utils import ServerClient
 
-from nemo_polar.env.episode import Episode
 from nemo_polar.env.gym import ENVIRONMENTS, agent_name, gym_root
 from nemo_polar.env.gym.environment_server import (
     EPISODE_FAILURES,
@@ -31,7 +30,8 @@ from nemo_polar.env.gym.environment_server import (
     episode_failure,
 )
 from nemo_polar.env.gym.rows import example_row
-from nemo_polar.env.verdict import Verdict
+from nemo_polar.env.runtime.episode import Episode
+from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.rewards.instance import bundled_instances
 from tests.conftest import ProxyHandle
 from tests.helpers.gym import episode_request, make_agent

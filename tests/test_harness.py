@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.script import Final, Shell
-from nemo_polar.env.session import run_session
+from nemo_polar.env.harness.script import Final, Shell
+from nemo_polar.env.runtime.session import run_session
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.audit import audit
 from nemo_polar.reconstruct.builders import per_request, prefix_merging
@@ -243,7 +243,7 @@ def test_sandbox_without_a_proxy_route_fails_fast(tmp_path: Path) -> None:
 def test_every_env_composes_into_its_harness(harness: str) -> None:
     """`env=polar_<cli>` composes (Hydra) into a spec whose adapter takes its options: what `polar rollout` runs.
     Each adapter's session itself runs in test_scripted_session_in_bwrap; the command line once, below."""
-    from nemo_polar.env.rollout import compose, env_spec
+    from nemo_polar.env.frontends.rollout import compose, env_spec
 
     spec = env_spec(compose([f"env=polar_{harness}", f"task={TASK_FILE}", "engine.url=http://127.0.0.1:1"]))
     assert spec.name == f"polar_{harness}" and spec.harness == harness
@@ -282,7 +282,7 @@ def test_polar_rollout_cli(engine_url: str, tmp_path: Path) -> None:
 def test_a_task_files_script_is_used_unless_scripted_is_false(tmp_path: Path) -> None:
     """``polar rollout task=FILE``: the file's scripted turns by default, none with ``scripted=false`` (the model acts
     on its own), and ``scripted=true`` refused for a file without a script."""
-    from nemo_polar.env.rollout import load_task, task_script
+    from nemo_polar.env.frontends.rollout import load_task, task_script
 
     task = load_task(TASK_FILE)
     assert task.script and task_script(task, None) == task.script == task_script(task, True)

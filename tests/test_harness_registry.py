@@ -14,11 +14,11 @@ import yaml
 
 import nemo_polar.env.gym as gym
 import nemo_polar.env.harness as harness_pkg
-from nemo_polar import demo
+from nemo_polar.env.frontends import demo_runs
+from nemo_polar.env.frontends.patterns import harness_order, patterns_table
 from nemo_polar.env.gym import VARIANTS, environments, gym_root
 from nemo_polar.env.gym.files import FILES, config_yaml, readme, write_files
 from nemo_polar.env.harness import HARNESSES, EnvOption, GymValues, Harness, Launch, get_harness, register
-from nemo_polar.env.patterns import harness_order, patterns_table
 from nemo_polar.env.specs import PolarEnvSpec, env_dir, env_yaml, resolve_env, write_env_files
 from nemo_polar.reconstruct.side_rules import DEFAULT_SIDE_RULES, HARNESS_SIDE_RULES
 from nemo_polar.sandbox.workspace import git
@@ -44,8 +44,9 @@ def test_no_env_or_gym_environment_without_a_harness() -> None:
 
 
 def test_every_adapter_module_registers_one_harness() -> None:
-    """Discovery: each public module of the package (``base`` aside) is one adapter, registered in ``order``."""
-    modules = {m.name for m in pkgutil.iter_modules(harness_pkg.__path__) if not m.name.startswith("_")} - {"base"}
+    """Discovery: each public module of the package (the shared ones aside) is one adapter, registered in ``order``."""
+    modules = {m.name for m in pkgutil.iter_modules(harness_pkg.__path__) if not m.name.startswith("_")}
+    modules -= harness_pkg.SHARED_MODULES
     assert sorted(h.__module__.rsplit(".", 1)[1] for h in HARNESSES.values()) == sorted(modules)
     orders = [h.order for h in HARNESSES.values()]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
@@ -104,7 +105,7 @@ def toy() -> Iterator[type[Toy]]:
 def test_a_toy_harness_is_in_every_list(toy: type[Toy]) -> None:
     assert next(iter(HARNESSES)) == "toy" and harness_order()["toy"] == -1
     assert "polar_toy" in environments() and "polar_toy" in gym.ENVIRONMENTS
-    assert next(iter(demo.demo_tasks())) == "polar_toy" and demo.TASKS["polar_toy"] == "polar__csvlite-1"
+    assert next(iter(demo_runs.demo_tasks())) == "polar_toy" and demo_runs.TASKS["polar_toy"] == "polar__csvlite-1"
     assert get_harness("pi").excludes()[0] == ".toy"  # every CLI's state is excluded, whoever ran
     assert toy.side_rules() == ()
 

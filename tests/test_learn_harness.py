@@ -14,9 +14,9 @@ import pytest
 
 from nemo_polar.cli import main
 from nemo_polar.engine.launcher import engine_python, resolve_model
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gym.nemo_rl import trainer_row
 from nemo_polar.env.gym.trajectory import trajectory
+from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.learn.harness_loop import Collected, HarnessLearnConfig, HarnessStep, grpo_rows, pipelined
 from nemo_polar.learn.lookup_tasks import draw, write_task_repo
 from nemo_polar.learn.report import HarnessLearnSummary, HarnessSeedSummary, render_harness_html

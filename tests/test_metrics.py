@@ -19,10 +19,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway, InstantGrade
-from nemo_polar.env.session import SessionResult
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.proxy.http.metrics import LAG_BUCKETS, ProxyMetrics, failure_reason
 from nemo_polar.proxy.store.records import STAGES
 from nemo_polar.rewards import bundled_instances

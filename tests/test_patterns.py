@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_polar.env.frontends.patterns import SCENARIOS, Expect, PatternTask, load_patterns
 from nemo_polar.env.harness import HARNESSES, get_harness
-from nemo_polar.env.patterns import SCENARIOS, Expect, PatternTask, load_patterns
-from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.env.runtime.session import SessionResult, run_session
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import per_request, prefix_merging

@@ -16,11 +16,11 @@ import pytest
 import ray
 from pydantic import ValidationError
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.ray import ControllerConfig, RolloutController
 from nemo_polar.env.gateway.testing import ChatLoopGateway
-from nemo_polar.env.session import SessionResult
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
 from tests.conftest import ProxyHandle

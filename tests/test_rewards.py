@@ -464,8 +464,8 @@ def test_a_real_cli_solves_a_bundled_task_and_earns_the_reward(
 ) -> None:
     """The whole loop on one task: the CLI (scripted policy) reads, edits and runs the tests in its sandbox with the
     task's Python; its patch is graded by swebench in a fresh, prewarmed sandbox."""
-    from nemo_polar.env.episode import run_episode
     from nemo_polar.env.harness import get_harness
+    from nemo_polar.env.runtime.episode import run_episode
 
     inst = next(i for i in INSTANCES if i.instance_id == instance_id)
     episode = run_episode(get_harness(harness), inst, proxy.client(), tmp_path / "ep", scripted=True, timeout=300)

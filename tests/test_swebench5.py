@@ -245,8 +245,8 @@ def test_a_real_cli_session_inside_the_instance_image(
 ) -> None:
     """The unchanged CLI (scripted policy) works in a fresh container of the row's image, in its /testbed, one
     commit deep, running the tests with the image's own environment; its patch is graded in another fresh one."""
-    from nemo_polar.env.episode import run_episode
     from nemo_polar.env.harness import get_harness
+    from nemo_polar.env.runtime.episode import run_episode
 
     inst = images[MORE_ITERTOOLS]
     inst = inst.model_copy(update={"script": RELATIVE_SEEK_FIX})

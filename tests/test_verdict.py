@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from nemo_polar.env.session import SessionResult
-from nemo_polar.env.verdict import GYM_FAILURE_KINDS, Verdict, VerdictPolicy, judge
+from nemo_polar.env.runtime.session import SessionResult
+from nemo_polar.env.runtime.verdict import GYM_FAILURE_KINDS, Verdict, VerdictPolicy, judge
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.rewards.grader import GradeResult
 from tests.helpers.records import EOT, child, rec
@@ -101,7 +101,7 @@ def test_every_gym_failure_kind_is_registered_or_namespaced() -> None:
     from typing import get_args
 
     failure_kinds = pytest.importorskip("nemo_gym.failure_kinds")
-    from nemo_polar.env.verdict import VerdictKind
+    from nemo_polar.env.runtime.verdict import VerdictKind
 
     for kind in get_args(VerdictKind):
         name = Verdict(kind=kind).gym_failure_kind

@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from nemo_polar.cli import main as polar
 from nemo_polar.env.gateway import SessionOutcome
-from nemo_polar.env.session import SessionResult, write_session
-from nemo_polar.env.verdict import Verdict
+from nemo_polar.env.runtime.session import SessionResult, write_session
+from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records, write_traces

@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from nemo_polar.env.generate import generate
+    from nemo_polar.env.frontends.generate import generate
+    from nemo_polar.env.frontends.rollout import serve_proxy
     from nemo_polar.env.polar_env import PolarEnvConfig
-    from nemo_polar.env.rollout import serve_proxy
     from nemo_polar.env.specs import UnknownEnv
     from nemo_polar.progress import attempts_progress
     from nemo_polar.rewards.datasets import select_instances

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _patterns(args: argparse.Namespace) -> int:
-    from nemo_polar.env.patterns import patterns_table
+    from nemo_polar.env.frontends.patterns import patterns_table
     from nemo_polar.paths import write_between_markers
 
     tasks = args.tasks or _checkout("examples/tasks/patterns")

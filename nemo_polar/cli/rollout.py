@@ -26,7 +26,7 @@ def _rollout(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from nemo_polar.env.rollout import collect_dataset, compose, rollout, summary
+    from nemo_polar.env.frontends.rollout import collect_dataset, compose, rollout, summary
     from nemo_polar.progress import attempts_progress
 
     try:

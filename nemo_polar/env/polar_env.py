@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, field_validator, model_validator
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, SessionRequest
+from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.store.records import CallRecord

@@ -23,7 +23,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from nemo_polar.engine.launcher import resolve_model
-from nemo_polar.env.verdict import VerdictPolicy, cross_version
+from nemo_polar.env.runtime.verdict import VerdictPolicy, cross_version
 from nemo_polar.learn.tasks import Task, split
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
 from nemo_polar.proxy.http.client import ProxyClient

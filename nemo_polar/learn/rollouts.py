@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gym.episodes import PolarEpisodes, PolarRunRequest, PolarSettings
 from nemo_polar.env.gym.nemo_rl import nemo_rl_sample
 from nemo_polar.env.gym.rows import example_row
+from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.proxy.conversation import ToolCall
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.store.records import CallRecord

@@ -12,9 +12,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway import SessionOutcome
-from nemo_polar.env.session import SessionResult
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.io import load_records
 from nemo_polar.reconstruct.trace import Trace
@@ -48,7 +48,7 @@ def _text(path: Path, *, tail: bool = False) -> str:
 
 @dataclass
 class SessionDir:
-    """What the report read of one attempt directory (:class:`~nemo_polar.env.attempt.AttemptDir`)."""
+    """What the report read of one attempt directory (:class:`~nemo_polar.env.runtime.attempt.AttemptDir`)."""
 
     path: Path
     result: SessionResult | None = None

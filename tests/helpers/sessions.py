@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.script import EditFile, Final, ReadFile, Shell
-from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.env.harness.script import EditFile, Final, ReadFile, Shell
+from nemo_polar.env.runtime.session import SessionResult, run_session
 from nemo_polar.sandbox import SandboxSpec, get_runtime
 from nemo_polar.sandbox.workspace import Task
 from tests.conftest import ProxyHandle

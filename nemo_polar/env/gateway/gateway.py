@@ -6,14 +6,14 @@ later sessions and grading earlier ones overlap the harness runs that keep the e
 - RUN (``run_slots``): the real CLI through a proxy session, under the agent budget.
 - POSTRUN (``post_workers``): grade in the prewarmed sandbox, reconstruct (prefix merging), judge, publish.
 
-The stage bodies are :mod:`nemo_polar.env.episode`'s stage functions, behind public hooks (:meth:`Gateway.prepare`,
-:meth:`Gateway.run_harness`, :meth:`Gateway.conclude`) that a load test or a simulation overrides
-(:mod:`.testing`).
+The stage bodies are :mod:`nemo_polar.env.runtime.episode`'s stage functions, behind public hooks
+(:meth:`Gateway.prepare`, :meth:`Gateway.run_harness`, :meth:`Gateway.conclude`) that a load test or a simulation
+overrides (:mod:`.testing`).
 
 Budgets: ``session_budget_s`` from INIT, ``agent_budget_s`` from RUN. Cancellation works at every stage (a running
 harness is killed) and a cancelled session never publishes a trainable result. State lives on disk under
-``state_dir/<request_id>/`` (an :class:`~nemo_polar.env.attempt.AttemptDir`): a restart loses no finished result,
-re-delivers undelivered ones and reports what it could not finish. Results go to a local queue and/or a callback
+``state_dir/<request_id>/`` (an :class:`~nemo_polar.env.runtime.attempt.AttemptDir`): a restart loses no finished
+result, re-delivers undelivered ones and reports what it could not finish. Results go to a local queue and/or a callback
 URL, at least once, with the request id as the idempotency key. Memory holds unfinished sessions only (a training
 run submits without end): a finished job leaves ``jobs`` and answers from its ``outcome.json``, a group leaves with
 its last live job, and stage depths are counters kept on every stage change rather than scans.
@@ -33,9 +33,6 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from nemo_polar.env import episode
-from nemo_polar.env.attempt import AttemptDir
-from nemo_polar.env.episode import Episode, Grader
 from nemo_polar.env.gateway.metrics import GatewayMetrics
 from nemo_polar.env.gateway.models import (
     LIVE_STAGES,
@@ -46,8 +43,11 @@ from nemo_polar.env.gateway.models import (
     Stage,
 )
 from nemo_polar.env.harness import get_harness
-from nemo_polar.env.session import SessionResult
-from nemo_polar.env.verdict import Verdict
+from nemo_polar.env.runtime import episode
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.episode import Episode, Grader
+from nemo_polar.env.runtime.session import SessionResult
+from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult

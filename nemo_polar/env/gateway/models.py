@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, field_validator
 
-from nemo_polar.env.verdict import Verdict, VerdictPolicy
+from nemo_polar.env.runtime.verdict import Verdict, VerdictPolicy
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
 from nemo_polar.rewards.instance import SWEInstance

@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway.gateway import Gateway
 from nemo_polar.env.gateway.models import GatewayConfig, RecoveryReport, SessionOutcome, SessionRequest
-from nemo_polar.env.verdict import Verdict, VerdictKind
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.verdict import Verdict, VerdictKind
 from nemo_polar.proxy.http.client import ProxyClient
 
 

@@ -16,10 +16,10 @@ import time
 
 import httpx
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.gateway.gateway import Gateway
 from nemo_polar.env.gateway.models import SessionRequest
-from nemo_polar.env.session import SessionResult, close_quietly, write_session
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult, close_quietly, write_session
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards.grader import GradeResult
 

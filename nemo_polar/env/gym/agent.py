@@ -11,7 +11,6 @@ from typing import Annotated, Any, ClassVar
 from fastapi import Body, FastAPI, HTTPException
 from pydantic import Field, PrivateAttr
 
-from nemo_polar.env.episode import run_episode
 from nemo_polar.env.gym.compat import BaseResponsesAPIAgentConfig, NeMoGymResponse, SimpleResponsesAPIAgent
 from nemo_polar.env.gym.episodes import (
     EpisodeRunner,
@@ -22,6 +21,7 @@ from nemo_polar.env.gym.episodes import (
     close_on_shutdown,
 )
 from nemo_polar.env.gym.rows import RowError
+from nemo_polar.env.runtime.episode import run_episode
 
 __all__ = ["PolarAgent", "PolarAgentConfig", "PolarRunRequest", "PolarVerifyResponse"]
 

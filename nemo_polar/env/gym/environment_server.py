@@ -46,7 +46,7 @@ from nemo_polar.env.gym.episodes import (
     close_on_shutdown,
 )
 from nemo_polar.env.gym.rows import RowError
-from nemo_polar.env.verdict import Verdict, VerdictKind
+from nemo_polar.env.runtime.verdict import Verdict, VerdictKind
 
 # Verdicts with no trustworthy outcome -> (terminal, stage). The rest are results (masked where the tokens are).
 EPISODE_FAILURES: dict[VerdictKind, tuple[bool, str]] = {

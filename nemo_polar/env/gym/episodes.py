@@ -28,8 +28,6 @@ import httpx
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nemo_polar.env.attempt import AttemptDir
-from nemo_polar.env.episode import Episode, run_episode
 from nemo_polar.env.gateway import GatewayConfig, GatewayThread, SessionRequest
 from nemo_polar.env.gym.compat import (
     BaseRunRequest,
@@ -41,10 +39,12 @@ from nemo_polar.env.gym.compat import (
 from nemo_polar.env.gym.rows import RowError, instance_from_row, instruction, validation_message
 from nemo_polar.env.gym.trajectory import trajectory, usage
 from nemo_polar.env.harness import HARNESSES, get_harness
-from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import close_quietly
+from nemo_polar.env.harness.script import script_adapter
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.episode import Episode, run_episode
+from nemo_polar.env.runtime.session import close_quietly
+from nemo_polar.env.runtime.verdict import Verdict, VerdictPolicy
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, UnknownEnv, get_env, resolve_env
-from nemo_polar.env.verdict import Verdict, VerdictPolicy
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.store.records import CallRecord

@@ -20,11 +20,15 @@ from nemo_polar.env.harness.base import (
 )
 
 
+# What every adapter shares, not adapters: the base class and registry, the scripted policy's actions.
+SHARED_MODULES = frozenset({"base", "script"})
+
+
 def _discover() -> None:
-    """Register the adapter each public module of this package defines (``base`` aside; a private module, such as
-    the OpenHands runner, is never imported here): adding a CLI is adding its module."""
+    """Register the adapter each public module of this package defines (the shared modules aside; a private module,
+    such as the OpenHands runner, is never imported here): adding a CLI is adding its module."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name == "base":
+        if info.name.startswith("_") or info.name in SHARED_MODULES:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(module).values():

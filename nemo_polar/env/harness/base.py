@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls
+from nemo_polar.env.harness.script import Action, EditFile, Final, ReadFile, Shell, Subagent, ToolCalls
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.store.sessions import ScriptCall, ScriptTurn
 from nemo_polar.reconstruct.side_rules import HARNESS_SIDE_RULES, SideRule

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.env.harness.base import Endpoint, GymValues, Harness, Launch
-from nemo_polar.env.script import Action, Subagent
+from nemo_polar.env.harness.script import Action, Subagent
 from nemo_polar.proxy.store.sessions import ScriptCall, ScriptTurn
 
 BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"

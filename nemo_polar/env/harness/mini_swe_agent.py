@@ -13,7 +13,7 @@ import shlex
 from typing import Any, Literal
 
 from nemo_polar.env.harness.base import Endpoint, EnvOption, GymValues, Launch, PythonHarness, Unsupported, one_of
-from nemo_polar.env.script import Action, EditFile, Final, ToolCalls
+from nemo_polar.env.harness.script import Action, EditFile, Final, ToolCalls
 from nemo_polar.proxy.store.sessions import ScriptCall, ScriptTurn
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

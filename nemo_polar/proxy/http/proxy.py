@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nemo_polar.engine.families import served_trait
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
@@ -71,7 +72,8 @@ class Proxy:
         """Where the engine's chat template takes system messages: probed on the first call, then kept (the
         in-process renderer is adopted only when it renders exactly as the engine does)."""
         if self._traits is None:
-            tool_parser = self.config.tool_call_parser or (await self.engine.info()).family.get("tool_call_parser")
+            family = (await self.engine.info()).family
+            tool_parser = self.config.tool_call_parser or served_trait(family, "tool_call_parser")
             self._traits = await probe_template(self.current_renderer(), tool_parser)
         return self._traits
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.engine.families import is_harmony, read_in_process, tool_format
+from nemo_polar.engine.families import is_harmony, read_in_process, served_trait, tool_format
 from nemo_polar.engine.worker_process import WorkerProcess, WorkerProcessError
 from nemo_polar.proxy.engine_client import EngineInfo
 from nemo_polar.proxy.errors import ProxyError
@@ -73,9 +73,9 @@ class FamilyFormat:
 
 def family_format(info: EngineInfo, tool_parser: str | None, reasoning_parser: str | None) -> FamilyFormat | None:
     """The format vLLM's parsers read for this engine's model, or None where the in-process parser reads it. The
-    parser names are the given ones, else those the model directory's polar-family.json names."""
-    tool = tool_parser or info.family.get("tool_call_parser")
-    reasoning = reasoning_parser or info.family.get("reasoning_parser")
+    parser names are the given ones, else those the model directory's polar-family.json names, else ChatML's."""
+    tool = tool_parser or served_trait(info.family, "tool_call_parser")
+    reasoning = reasoning_parser or served_trait(info.family, "reasoning_parser")
     if read_in_process(tool, reasoning):
         return None
     if info.root is None or not Path(info.root).is_dir():

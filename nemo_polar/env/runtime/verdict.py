@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.session import SessionResult
+from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.reconstruct.builders import BuildResult
 from nemo_polar.reconstruct.trace import Trace
 from nemo_polar.rewards.grader import GradeResult

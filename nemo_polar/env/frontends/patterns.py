@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from nemo_polar.env.harness import HARNESSES
-from nemo_polar.env.script import Action
+from nemo_polar.env.harness.script import Action
 from nemo_polar.reconstruct.patterns import PatternRow, markdown_table
 
 

@@ -1,9 +1,10 @@
 """One episode on a SWE instance, as stage functions that the rollout gateway runs in its pools and
 :func:`run_episode` runs in turn: :func:`prepare` (the task workspace and the grader's fresh sandbox, prewarmed),
 :func:`run_harness` (the real CLI through a proxy session), :func:`grade` (swebench in that sandbox) and
-:func:`conclude` (prefix merging, the :class:`~nemo_polar.env.verdict.Verdict`, the main chain as NeMo Gym items).
+:func:`conclude` (prefix merging, the :class:`~nemo_polar.env.runtime.verdict.Verdict`, the main chain as NeMo Gym
+items).
 
-Every stage writes into the attempt's :class:`~nemo_polar.env.attempt.AttemptDir`; an :class:`Episode` is what
+Every stage writes into the attempt's :class:`~nemo_polar.env.runtime.attempt.AttemptDir`; an :class:`Episode` is what
 they leave, the same whichever way the episode ran.
 """
 
@@ -17,11 +18,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.harness import Harness
-from nemo_polar.env.script import script_adapter
-from nemo_polar.env.session import SessionResult, run_session
-from nemo_polar.env.verdict import Verdict, VerdictKind, VerdictPolicy, judge, policy_versions
+from nemo_polar.env.harness.script import script_adapter
+from nemo_polar.env.runtime.attempt import AttemptDir
+from nemo_polar.env.runtime.session import SessionResult, run_session
+from nemo_polar.env.runtime.verdict import Verdict, VerdictKind, VerdictPolicy, judge, policy_versions
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.reconstruct.builders import BuildResult, prefix_merging
 from nemo_polar.reconstruct.gym import check_contiguous, gym_output_items
@@ -101,7 +102,7 @@ def grade(
     evaluator: Grader, session: SessionResult, attempt: AttemptDir, policy: VerdictPolicy
 ) -> tuple[GradeResult | None, str | None]:
     """``(grade, None)``, or ``(None, why)`` when grading raised; a session is graded when the policy
-    :meth:`~nemo_polar.env.verdict.VerdictPolicy.grades` it."""
+    :meth:`~nemo_polar.env.runtime.verdict.VerdictPolicy.grades` it."""
     if not policy.grades(session):
         return None, None
     try:

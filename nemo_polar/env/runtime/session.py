@@ -1,6 +1,6 @@
 """Run one harness session: a proxy session, a prepared workspace, the real CLI in a runtime, and what it left.
 
-The session directory (an :class:`~nemo_polar.env.attempt.AttemptDir`) holds everything needed later
+The session directory (an :class:`~nemo_polar.env.runtime.attempt.AttemptDir`) holds everything needed later
 (reconstruction, grading, viewing): the result, the proxy's call records, the patch, the CLI's logs and transcript.
 """
 
@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nemo_polar.env.attempt import AttemptDir
 from nemo_polar.env.harness import Endpoint, Harness
 from nemo_polar.env.harness.base import HARNESS_MOUNT
-from nemo_polar.env.script import Action
+from nemo_polar.env.harness.script import Action
+from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.sandbox import Runtime, SandboxSpec

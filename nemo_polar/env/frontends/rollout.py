@@ -16,9 +16,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import BaseModel, Field
 
 from nemo_polar.env.harness import get_harness
+from nemo_polar.env.harness.script import Action
 from nemo_polar.env.polar_env import PolarEnv, PolarEnvConfig
-from nemo_polar.env.script import Action
-from nemo_polar.env.session import SessionResult, run_session
+from nemo_polar.env.runtime.session import SessionResult, run_session
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.progress import AttemptsProgress
 from nemo_polar.proxy.http.client import ProxyClient
