@@ -345,3 +345,44 @@ def test_a_format_the_proxy_cannot_read_is_refused_at_start(tmp_path: Path) -> N
         finally:
             stop_group(proc, 10)
             proc.wait()
+
+
+def test_generate_takes_hydra_overrides_and_its_flags_are_aliases() -> None:
+    """`polar generate` speaks `polar rollout`'s config (conf/generate.yaml over rollout.yaml): an old command's flags
+    and the same command in overrides compose one config; flags win over overrides of the same key."""
+    from omegaconf import OmegaConf
+
+    from nemo_polar.cli import build_parser
+    from nemo_polar.cli.generate import alias_overrides
+    from nemo_polar.env.frontends.rollout import compose
+
+    def composed(argv: list[str]) -> dict:
+        args = build_parser().parse_args(["generate", *argv])
+        cfg = compose([*args.overrides, *alias_overrides(args)], config_name="generate")
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+    flags = composed(
+        [
+            *["--env", "polar_codex", "--instances", "rows's.jsonl", "--attempts", "2", "--run-slots", "3"],
+            *["--container-formatter", "/sif/sweb.{instance_id}.sif", "--instance-id", "a", "--instance-id", "b"],
+            *["--no-scripted", "--engine-url", "http://h:8000", "-o", "out dir", "--timeout", "90"],
+        ]
+    )
+    overrides = composed(
+        [
+            *["env=polar_codex", "dataset=swebench", 'dataset.path="rows\'s.jsonl"', "n_samples=2"],
+            *["gateway.run_slots=3", "dataset.container_formatter=['/sif/sweb.{instance_id}.sif']"],
+            *["dataset.instance_ids=[a,b]", "scripted=false", "engine.url=http://h:8000", "out='out dir'"],
+            "timeout=90.0",
+        ]
+    )
+    assert flags == overrides
+    assert flags["dataset"]["path"] == "rows's.jsonl" and flags["gateway"]["agent_budget_s"] == 90.0
+    defaults = composed(["dataset=bundled"])
+    assert (defaults["n_samples"], defaults["timeout"], defaults["scripted"], defaults["env"]["name"]) == (
+        4,
+        1800,
+        True,  # the bundled dataset's scripts solve its tasks
+        "polar_pi",
+    )
+    assert composed(["env=polar_codex", "--env", "polar_pi"])["env"]["name"] == "polar_pi"

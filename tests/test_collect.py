@@ -240,7 +240,7 @@ def test_generate_bad_input_is_a_clear_error(tmp_path: Path) -> None:
         main(["generate", "--instances", str(bad), "--engine-url", "http://127.0.0.1:9", "-o", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match=r"not reachable.*polar engine up"):
         main(["generate", "--instances", "bundled", "--engine-url", "http://127.0.0.1:9", "-o", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match="unknown Polar env"):
+    with pytest.raises(SystemExit, match=r"Could not find .env/nope."):
         main(
             [
                 "generate",

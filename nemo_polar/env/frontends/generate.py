@@ -15,8 +15,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from omegaconf import DictConfig
 from pydantic import BaseModel, Field
 
+from nemo_polar.env.frontends.rollout import dataset_instances, engine_url, env_config, output_dir, proxy_client
 from nemo_polar.env.polar_env import Group, PolarEnv, PolarEnvConfig, Sample
 from nemo_polar.progress import AttemptsProgress
 from nemo_polar.reconstruct.export import sft_rows, write_jsonl, write_parquet
@@ -104,3 +106,20 @@ def export_accepted(env: PolarEnv, groups: list[Group], out: Path) -> Acceptance
     )
     outputs["stats"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     return report
+
+
+def dataset_of(cfg: DictConfig) -> list[SWEInstance]:
+    """The composed config's dataset, read (before anything starts: a bad row stops the run here)."""
+    if cfg.get("dataset") is None:
+        raise ValueError("give a dataset: dataset=bundled, or dataset=swebench dataset.path=FILE")
+    return dataset_instances(cfg.dataset)
+
+
+def generate_dataset(
+    cfg: DictConfig, instances: list[SWEInstance], progress: AttemptsProgress | None = None
+) -> AcceptanceStats:
+    """``polar generate``'s composed config (``conf/generate.yaml``: rollout.yaml's keys) run: ``n_samples``
+    attempts of each instance, through the engine or running proxy the config names."""
+    out = output_dir(cfg, cfg.dataset.name)
+    with engine_url(cfg) as engine, proxy_client(cfg, engine, out / "proxy") as proxy:
+        return generate(env_config(cfg, proxy, out / "sessions"), instances, int(cfg.n_samples), out, progress)

@@ -68,8 +68,18 @@ def load_task(path: Path) -> TaskFile:
     return task
 
 
+def output_dir(cfg: DictConfig, what: str) -> Path:
+    """``out``, else ``runs/<env>/<what>-<time>``."""
+    return Path(cfg.out) if cfg.out else Path("runs") / cfg.env.name / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 @contextlib.contextmanager
-def engine_url(cfg: DictConfig) -> Iterator[str]:
+def engine_url(cfg: DictConfig) -> Iterator[str | None]:
+    """The policy engine's URL: started for the run (engine=embedded), given, or None where a running proxy (which
+    has its own engine) is named."""
+    if cfg.proxy.url or cfg.proxy.admin_url:
+        yield None
+        return
     if cfg.engine.get("start"):
         from nemo_polar.engine.launcher import EngineProcess, EngineSpec, free_port
 
@@ -77,15 +87,15 @@ def engine_url(cfg: DictConfig) -> Iterator[str]:
             yield engine.spec.url
         return
     if not cfg.engine.url:
-        raise SystemExit(
-            "polar rollout: no engine. Pass engine.url=http://HOST:PORT (or set POLAR_ENGINE_URL), "
-            "start one with `polar engine up`, or use engine=embedded"
+        raise ValueError(
+            "no engine. Pass engine.url=http://HOST:PORT (or set POLAR_ENGINE_URL), start one with `polar engine up`, "
+            "use engine=embedded, or name a running proxy (proxy.url=... proxy.admin_url=...)"
         )
     yield cfg.engine.url
 
 
 @contextlib.contextmanager
-def proxy_client(cfg: DictConfig, engine: str, record_dir: Path) -> Iterator[ProxyClient]:
+def proxy_client(cfg: DictConfig, engine: str | None, record_dir: Path) -> Iterator[ProxyClient]:
     with serve_proxy(
         engine,
         record_dir,
@@ -152,8 +162,7 @@ def rollout(cfg: DictConfig) -> SessionResult:
     spec = env_spec(cfg)
     harness = get_harness(spec.harness, **spec.harness_options)
     runtime = get_runtime(cfg.runtime.name)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out) if cfg.out else Path("runs") / cfg.env.name / f"{task.instance_id}-{stamp}"
+    out = output_dir(cfg, task.instance_id)
     with engine_url(cfg) as engine, proxy_client(cfg, engine, out / "proxy") as proxy:
         return run_session(
             harness,
@@ -226,8 +235,7 @@ def collect_dataset(cfg: DictConfig, progress: AttemptsProgress | None = None) -
     instances = dataset_instances(cfg.dataset)
     if progress is not None:
         progress.start(len(instances) * int(cfg.n_samples))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out) if cfg.out else Path("runs") / cfg.env.name / f"{cfg.dataset.name}-{stamp}"
+    out = output_dir(cfg, cfg.dataset.name)
     with engine_url(cfg) as engine, proxy_client(cfg, engine, out / "proxy") as proxy:
         env = PolarEnv(env_config(cfg, proxy, out / "sessions"))
         groups = env.collect(instances, int(cfg.n_samples), on_sample=progress)

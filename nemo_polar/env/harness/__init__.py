@@ -19,7 +19,6 @@ from nemo_polar.env.harness.base import (
     register,
 )
 
-
 # What every adapter shares, not adapters: the base class and registry, the scripted policy's actions.
 SHARED_MODULES = frozenset({"base", "script"})
 
