@@ -5,10 +5,15 @@ flight when the weights change is decided by the test, not by timing."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from nemo_polar.cli import build_parser
@@ -26,8 +31,8 @@ from tests.helpers.gated_engine import Gate, gated_engine
 
 
 class Node:
-    def __init__(self, pool: ProxyPool, gate: Gate, record_dir: Path) -> None:
-        self.pool, self.gate, self.record_dir = pool, gate, record_dir
+    def __init__(self, pool: ProxyPool, gate: Gate, record_dir: Path, engine_url: str) -> None:
+        self.pool, self.gate, self.record_dir, self.engine_url = pool, gate, record_dir, engine_url
 
     def session(self) -> tuple[str, str, ProxyClient]:
         return self.pool.create_session({"mode": "continuation"})
@@ -53,7 +58,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             engine_url=engine.url, record_dir=record_dir, model_aliases=["local-model"], policy_version=1
         )
         with ProxyWorkers(config, 2) as workers:
-            yield Node(workers.pool, gate, record_dir)
+            yield Node(workers.pool, gate, record_dir, engine.url)
 
 
 def test_sessions_are_pinned_to_workers_and_named_by_their_ids(node: Node) -> None:
@@ -162,3 +167,40 @@ def test_worker_ports_and_bad_counts() -> None:
     # a pool of one holds every session, whatever its id's first byte
     one = ProxyPool(workers=[ProxyClient(url="http://a", admin_url="http://b")])
     assert one.worker_for("sess-ff" + "0" * 30) is one.workers[0]
+
+
+def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`polar proxy --workers 2`: worker 0 printed first as a single proxy is, the pool file without the token, a
+    session on worker 1 recorded in the one record directory, and no worker left once the command is stopped."""
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "polar-admin-test-workers")
+    pool_file, records = tmp_path / "pool.json", tmp_path / "records"
+    cmd = [sys.executable, "-m", "nemo_polar.cli", "proxy", "--engine-url", node.engine_url, "--port", "0"]
+    cmd += [
+        "--workers",
+        "2",
+        "--pool-file",
+        str(pool_file),
+        "--record-dir",
+        str(records),
+        "--model-alias",
+        "local-model",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[0].startswith("model API") and lines[2].startswith("worker 1"), lines
+        assert "polar-admin-test-workers" not in pool_file.read_text()
+        pool = ProxyPool.model_validate_json(pool_file.read_text())
+        assert len(pool.workers) == 2 and pool.workers[1].admin_token == "polar-admin-test-workers"
+        pool.create_session({})
+        sid, key, worker = pool.create_session({})
+        assert worker_of(sid) == 1 and worker is pool.workers[1]
+        node.ask(worker, key, "hi")
+        assert [r.session_id for r in load_records([records / f"{sid}.jsonl"])[sid]] == [sid]
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the command alone: its workers must stop with it
+        assert proc.wait(60) == 0
+    for w in pool.workers:
+        with pytest.raises(httpx.ConnectError):
+            loopback.get(f"{w.url}/health", timeout=5)

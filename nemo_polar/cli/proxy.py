@@ -91,9 +91,9 @@ def _proxy(args: argparse.Namespace) -> int:
     admin_port = args.admin_port or args.port + 1
     server = ProxyServer(config, args.host, args.port, admin_port, log_level=args.log_level, api_key=args.api_key)
     with server:
+        _write_pool(args.pool_file, [server.client()])
         print(f"model API  {server.url}   (harnesses; the only listener a sandbox relay forwards to)", flush=True)
         print(f"admin API  {server.admin_url}   (sessions, records, pause/resume, metrics)", flush=True)
-        _write_pool(args.pool_file, [server.client()])
         if values.get("admin_token") is None:
             print(f"admin token {server.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
         stop.wait()
@@ -113,10 +113,13 @@ def _serve_workers(args: argparse.Namespace, config: Any, stop: threading.Event,
     except (OSError, RuntimeError) as exc:
         raise SystemExit(f"polar proxy: {exc}") from None
     try:
-        for i, w in enumerate(workers.pool.workers):
+        _write_pool(args.pool_file, workers.pool.workers)  # before the addresses: a reader of them may read it
+        first, *others = workers.pool.workers  # worker 0 printed as a single proxy is: it answers as one
+        print(f"model API  {first.url}   (worker 0 of {workers.count}; harnesses)", flush=True)
+        print(f"admin API  {first.admin_url}   (worker 0: its sessions, records, pause/resume, metrics)", flush=True)
+        for i, w in enumerate(others, 1):
             print(f"worker {i}   model API  {w.url}   admin API  {w.admin_url}", flush=True)
-        print(f"{workers.count} workers: a session lives on the worker whose admin API opened it", flush=True)
-        _write_pool(args.pool_file, workers.pool.workers)
+        print("a session lives on the worker whose admin API opened it; weight sync: all (ProxyPool)", flush=True)
         if random_token:
             print(f"admin token {config.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
         stop.wait()

@@ -42,8 +42,8 @@ class WorkerReady(BaseModel):
 
 def worker_ports(count: int, port: int | None, admin_port: int | None) -> list[tuple[int | None, int | None]]:
     """(model, admin) ports of each worker: worker 0 on ``port`` and ``admin_port`` (default ``port + 1``), worker
-    i on ``port + 2i`` and ``port + 2i + 1``; all free ones when ``port`` is None."""
-    if port is None:
+    i on ``port + 2i`` and ``port + 2i + 1``; all free ones when ``port`` is None or 0."""
+    if not port:
         return [(None, None)] * count
     return [(port, admin_port or port + 1), *((port + 2 * i, port + 2 * i + 1) for i in range(1, count))]
 
