@@ -169,12 +169,14 @@ def main() -> None:
     figures["load_generator_cpu_share"] = load_share
     (one, two), (n1, n2) = [figures[f"calls_per_s_{n}"] for n in args.workers], args.workers
     figures["ratio"] = two / one
+    c1, c2 = (figures[f"worker_cores_{n}"] for n in args.workers)
     report(
         "proxy_workers",
         {k: round(v, 3) for k, v in figures.items()},
         f"sustained calls/s at {args.sessions} sessions of {args.context // 1024}k: {n1} worker {one:.1f}, {n2} "
-        f"workers {two:.1f} ({two / one:.2f}x) on {cores} cores, the load generator and stub engine in the same "
-        f"budget ({100 * load_share:.0f}% of the cores)",
+        f"workers {two:.1f} ({two / one:.2f}x) on {cores} cores shared with the load generator and stub engine "
+        f"({100 * load_share:.0f}% of them); the workers got {c1:.2f} and {c2:.2f} cores (load average "
+        f"{os.getloadavg()[1]:.1f})",
     )
 
 

@@ -6,6 +6,7 @@ flight when the weights change is decided by the test, not by timing."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from nemo_polar.cli import build_parser
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.proxy.http.config import ProxyConfig
-from nemo_polar.proxy.http.pool import ProxyPool
+from nemo_polar.proxy.http.pool import PoolError, ProxyPool
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.http.workers import ProxyWorkers, worker_ports
 from nemo_polar.proxy.store.records import CallRecord
@@ -167,6 +168,10 @@ def test_worker_ports_and_bad_counts() -> None:
     # a pool of one holds every session, whatever its id's first byte
     one = ProxyPool(workers=[ProxyClient(url="http://a", admin_url="http://b")])
     assert one.worker_for("sess-ff" + "0" * 30) is one.workers[0]
+    # a pool travels (Ray pickles it) and keeps its turn
+    two = ProxyPool(workers=[ProxyClient(url=f"http://w{i}", admin_url=f"http://a{i}") for i in range(2)])
+    two._turn = 1
+    assert pickle.loads(pickle.dumps(two))._turn == 1
 
 
 def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,3 +209,31 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
     for w in pool.workers:
         with pytest.raises(httpx.ConnectError):
             loopback.get(f"{w.url}/health", timeout=5)
+
+
+def test_a_dead_worker_loses_no_answered_record(node: Node, tmp_path: Path) -> None:
+    """A worker killed outright: the records it answered are read back from the record directory, the other worker
+    keeps serving, and the pool's admin operations name the dead one instead of passing over it."""
+    config = ProxyConfig(engine_url=node.engine_url, record_dir=tmp_path, model_aliases=["local-model"])
+    with ProxyWorkers(config, 2) as workers:
+        pool = workers.pool
+        pool.create_session({})
+        sid, key, doomed = pool.create_session({})
+        for turn in range(2):
+            node.ask(doomed, key, f"turn {turn}")
+        answered = [r.call_id for r in pool.records(sid)]
+        os.kill(workers.ready[1].pid, signal.SIGKILL)
+        workers.processes[1].wait(60)
+        assert workers.exited() == {1: -signal.SIGKILL}
+        assert [r.call_id for r in pool.records(sid)] == answered and len(answered) == 2
+        with pytest.raises(httpx.TransportError):
+            loopback.post(f"{doomed.url}/v1/chat/completions", json={}, headers={"authorization": f"Bearer {key}"})
+        alive_sid, alive_key, alive = pool.create_session({})
+        assert worker_of(alive_sid) == 0
+        node.ask(alive, alive_key, "still here")
+        with pytest.raises(PoolError, match=f"worker at {doomed.admin_url}"):
+            pool.pause(timeout_s=5)
+        assert alive.health()["paused"]  # the one it reached: a weight sync must not go ahead
+        with pytest.raises(PoolError, match=f"worker at {doomed.admin_url}"):
+            pool.resume()
+        assert not alive.health()["paused"]

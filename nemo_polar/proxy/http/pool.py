@@ -15,9 +15,9 @@ admitting (and drained, unless ``keep``), so the trainer swaps weights while no 
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from nemo_polar.proxy.http.admission import AdmissionState
 from nemo_polar.proxy.http.client import ProxyClient
-from nemo_polar.proxy.store.records import CallRecord
-from nemo_polar.proxy.store.sessions import worker_of
+from nemo_polar.proxy.store.records import CallRecord, read_records
+from nemo_polar.proxy.store.sessions import SESSION_ID, worker_of
 
 T = TypeVar("T")
 
@@ -70,7 +70,10 @@ class ProxyPool(BaseModel):
     """The workers' addresses (one :class:`ProxyClient` each, in worker order): a plain picklable model (Ray)."""
 
     workers: list[ProxyClient] = Field(min_length=1, max_length=256)
-    _turn: Iterator[int] = PrivateAttr(default_factory=itertools.count)
+    record_dir: Path | None = Field(
+        default=None, description="the workers' record directory, as this side reads it: a dead worker's answers"
+    )
+    _turn: int = PrivateAttr(default=0)  # racing threads may both take one worker: no harm, so no lock to pickle
 
     def for_key(self, key: str) -> ProxyClient:
         """The worker a stable key (a rollout's request id) is pinned to: the same one in every process."""
@@ -91,12 +94,24 @@ class ProxyPool(BaseModel):
     def create_session(self, config: dict[str, Any], *, pin: str | None = None) -> tuple[str, str, ProxyClient]:
         """Open a session on the worker ``pin`` is pinned to, else on the next worker in turn: its id, its key and
         the worker, whose ``url`` is the one the session's harness must call."""
-        worker = self.for_key(pin) if pin is not None else self.workers[next(self._turn) % len(self.workers)]
+        if pin is not None:
+            worker = self.for_key(pin)
+        else:
+            worker, self._turn = self.workers[self._turn % len(self.workers)], self._turn + 1
         session_id, api_key = worker.create_session(config)
         return session_id, api_key, worker
 
     def records(self, session_id: str) -> list[CallRecord]:
-        return self.worker_for(session_id).records(session_id)
+        """A session's records from its worker; if the worker is unreachable (it died), the records it answered,
+        from its file in ``record_dir`` (each was written and fsync'd before its answer left the worker)."""
+        worker = self.worker_for(session_id)
+        try:
+            return worker.records(session_id)
+        except ConnectionError:
+            path = self.record_dir / f"{session_id}.jsonl" if self.record_dir and SESSION_ID.match(session_id) else None
+            if path is None or not path.exists():
+                raise
+            return read_records(path)
 
     def close(self, session_id: str) -> None:
         self.worker_for(session_id).close(session_id)

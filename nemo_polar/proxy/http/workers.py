@@ -80,12 +80,21 @@ class ProxyWorkers:
         self.start_timeout_s = start_timeout_s
         self.processes: list[subprocess.Popen[bytes]] = []
         self.ready: list[WorkerReady] = []
+        self._pool: ProxyPool | None = None
 
     @property
     def pool(self) -> ProxyPool:
-        return ProxyPool(
-            workers=[ProxyClient(url=r.url, admin_url=r.admin_url, admin_token=self.admin_token) for r in self.ready]
-        )
+        """The pool addressing the started workers (one object: it keeps the turn of sessions opened in turn)."""
+        if self._pool is None:
+            if not self.ready:
+                raise RuntimeError("the workers are not started")
+            workers = [ProxyClient(url=r.url, admin_url=r.admin_url, admin_token=self.admin_token) for r in self.ready]
+            self._pool = ProxyPool(workers=workers, record_dir=self.specs[0].config.record_dir)
+        return self._pool
+
+    def exited(self) -> dict[int, int]:
+        """The workers whose process has ended, by index, with its exit status (negative: the signal)."""
+        return {i: code for i, proc in enumerate(self.processes) if (code := proc.poll()) is not None}
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "nemo_polar.proxy.http.workers"]
