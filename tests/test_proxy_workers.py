@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
@@ -176,7 +177,8 @@ def test_worker_ports_and_bad_counts() -> None:
 
 def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`polar proxy --workers 2`: worker 0 printed first as a single proxy is, the pool file without the token, a
-    session on worker 1 recorded in the one record directory, and no worker left once the command is stopped."""
+    session on worker 1 recorded in the one record directory, worker 1's death said on stderr while worker 0 serves on,
+    and no worker left once the command is stopped."""
     monkeypatch.setenv("POLAR_ADMIN_TOKEN", "polar-admin-test-workers")
     pool_file, records = tmp_path / "pool.json", tmp_path / "records"
     cmd = [sys.executable, "-m", "nemo_polar.cli", "proxy", "--engine-url", node.engine_url, "--port", "0"]
@@ -190,7 +192,9 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
         "--model-alias",
         "local-model",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    said: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [said.put(line) for line in proc.stderr or []], daemon=True).start()
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(4)]
@@ -203,6 +207,13 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
         assert worker_of(sid) == 1 and worker is pool.workers[1]
         node.ask(worker, key, "hi")
         assert [r.session_id for r in load_records([records / f"{sid}.jsonl"])[sid]] == [sid]
+        health = worker.health()
+        assert health["worker"] == 1
+        os.kill(health["pid"], signal.SIGKILL)
+        while "exited" not in (line := said.get(timeout=60)):
+            pass
+        assert f"worker 1 exited with status {-signal.SIGKILL}" in line
+        assert pool.workers[0].health()["status"] == "ok"  # the other keeps serving
     finally:
         proc.send_signal(signal.SIGTERM)  # the command alone: its workers must stop with it
         assert proc.wait(60) == 0

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -122,10 +123,25 @@ def _serve_workers(args: argparse.Namespace, config: Any, stop: threading.Event,
         print("a session lives on the worker whose admin API opened it; weight sync: all (ProxyPool)", flush=True)
         if random_token:
             print(f"admin token {config.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
-        stop.wait()
+        _watch(workers, stop)
     finally:
         workers.stop()
     return 0
+
+
+def _watch(workers: Any, stop: threading.Event) -> None:
+    """Until ``stop``, say once for each worker that ends on its own: the others keep serving."""
+    told: set[int] = set()
+    while not stop.wait(1.0):
+        for index, code in workers.exited().items():
+            if index not in told:
+                told.add(index)
+                print(
+                    f"polar proxy: worker {index} exited with status {code}; its sessions' next calls fail, the "
+                    "calls it answered are in the record directory; the other workers keep serving",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def _write_pool(path: Path | None, workers: list[Any]) -> None:
