@@ -5,7 +5,7 @@ shape, the prompt's ids echoed, no model work), so the figure is the proxy's own
 engine run in this process on the same cores as the workers, and the CPU each side took is printed beside the
 rates. The last line is the ratio.
 
-    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 4] [--rounds 2]
+    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--workers", type=int, nargs=2, default=[1, 2], help="the two arms' worker counts")
-    parser.add_argument("--blocks", type=int, default=4, help="timed blocks per arm (ABBA)")
+    parser.add_argument("--blocks", type=int, default=8, help="timed blocks per arm (ABBA)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of one call per session in a block")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
