@@ -224,7 +224,7 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
 
 def test_a_dead_worker_loses_no_answered_record(node: Node, tmp_path: Path) -> None:
     """A worker killed outright: the records it answered are read back from the record directory, the other worker
-    keeps serving, and the pool's admin operations name the dead one instead of passing over it."""
+    keeps serving, the pool's admin operations name the dead one instead of passing over it, until it is retired."""
     config = ProxyConfig(engine_url=node.engine_url, record_dir=tmp_path, model_aliases=["local-model"])
     with ProxyWorkers(config, 2) as workers:
         pool = workers.pool
@@ -248,3 +248,11 @@ def test_a_dead_worker_loses_no_answered_record(node: Node, tmp_path: Path) -> N
         with pytest.raises(PoolError, match=f"worker at {doomed.admin_url}"):
             pool.resume()
         assert not alive.health()["paused"]
+        # retired, the dead worker is passed over: weight syncs and new sessions go on with the others
+        pool.retire(1)
+        assert pool.pause(timeout_s=60).drained and pool.resume(5).policy_version == 5
+        assert {worker_of(pool.create_session({})[0]) for _ in range(3)} == {0}
+        assert [r.call_id for r in pool.records(sid)] == answered
+        pool.close(sid)  # nothing left to close on a dead worker
+        with pytest.raises(ValueError, match="would leave this pool no worker"):
+            pool.retire(0)

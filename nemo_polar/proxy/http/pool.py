@@ -73,12 +73,33 @@ class ProxyPool(BaseModel):
     record_dir: Path | None = Field(
         default=None, description="the workers' record directory, as this side reads it: a dead worker's answers"
     )
+    retired: set[int] = Field(
+        default_factory=set,
+        description="workers taken out (dead, :meth:`retire`): given no new session and no admin operation; their "
+        "sessions' answered records are read from record_dir",
+    )
     _turn: int = PrivateAttr(default=0)  # racing threads may both take one worker: no harm, so no lock to pickle
 
+    @property
+    def live(self) -> list[ProxyClient]:
+        """The workers not retired, in worker order."""
+        return [w for i, w in enumerate(self.workers) if i not in self.retired]
+
+    def retire(self, index: int) -> None:
+        """Take a dead worker out: weight syncs and new sessions go on without it (its sessions are lost for new
+        calls; what they answered stays readable from ``record_dir``)."""
+        if not 0 <= index < len(self.workers):
+            raise ValueError(f"no worker {index}: this pool has {len(self.workers)}")
+        if self.retired | {index} >= set(range(len(self.workers))):
+            raise ValueError(f"retiring worker {index} would leave this pool no worker")
+        self.retired.add(index)
+
     def for_key(self, key: str) -> ProxyClient:
-        """The worker a stable key (a rollout's request id) is pinned to: the same one in every process."""
+        """The live worker a stable key (a rollout's request id) is pinned to: the same one in every process that
+        has the same workers retired."""
         digest = hashlib.sha256(key.encode()).digest()
-        return self.workers[int.from_bytes(digest[:8], "big") % len(self.workers)]
+        live = self.live
+        return live[int.from_bytes(digest[:8], "big") % len(live)]
 
     def worker_for(self, session_id: str) -> ProxyClient:
         """The worker holding ``session_id`` (named by the id itself; a pool of one holds every session)."""
@@ -97,7 +118,8 @@ class ProxyPool(BaseModel):
         if pin is not None:
             worker = self.for_key(pin)
         else:
-            worker, self._turn = self.workers[self._turn % len(self.workers)], self._turn + 1
+            live = self.live
+            worker, self._turn = live[self._turn % len(live)], self._turn + 1
         session_id, api_key = worker.create_session(config)
         return session_id, api_key, worker
 
@@ -105,22 +127,28 @@ class ProxyPool(BaseModel):
         """A session's records from its worker; if the worker is unreachable (it died), the records it answered,
         from its file in ``record_dir`` (each was written and fsync'd before its answer left the worker)."""
         worker = self.worker_for(session_id)
+        path = self.record_dir / f"{session_id}.jsonl" if self.record_dir and SESSION_ID.match(session_id) else None
         try:
-            return worker.records(session_id)
+            if worker in self.live:
+                return worker.records(session_id)
+            raise ConnectionError(f"worker at {worker.admin_url} is retired")
         except ConnectionError:
-            path = self.record_dir / f"{session_id}.jsonl" if self.record_dir and SESSION_ID.match(session_id) else None
             if path is None or not path.exists():
                 raise
             return read_records(path)
 
     def close(self, session_id: str) -> None:
-        self.worker_for(session_id).close(session_id)
+        """Close a session on its worker; on a retired worker there is nothing left to close (its keys died)."""
+        worker = self.worker_for(session_id)
+        if worker in self.live:
+            worker.close(session_id)
 
     def _each(self, op: Callable[[ProxyClient], T]) -> list[T]:
-        """``op`` on every worker at once; every failure raised together, each worker named."""
-        with ThreadPoolExecutor(len(self.workers)) as pool:
-            futures = [pool.submit(op, w) for w in self.workers]
-        failed = [(w, f.exception()) for w, f in zip(self.workers, futures, strict=True) if f.exception()]
+        """``op`` on every live worker at once; every failure raised together, each worker named."""
+        live = self.live
+        with ThreadPoolExecutor(len(live)) as pool:
+            futures = [pool.submit(op, w) for w in live]
+        failed = [(w, f.exception()) for w, f in zip(live, futures, strict=True) if f.exception()]
         if failed:
             raise PoolError("; ".join(f"worker at {w.admin_url}: {exc}" for w, exc in failed))
         return [f.result() for f in futures]
@@ -128,7 +156,8 @@ class ProxyPool(BaseModel):
     def pause(self, timeout_s: float, keep: bool = False) -> PoolState:
         """Stop every worker admitting generations, each waiting up to ``timeout_s`` for its in-flight ones (unless
         ``keep``), all at once. Weights may be swapped only once this returned ``drained`` (or with ``keep``); if a
-        worker fails it raises, and the workers it reached stay paused until :meth:`resume`."""
+        worker fails it raises, naming it, and the workers it reached stay paused until :meth:`resume` (a dead worker:
+        :meth:`retire` it, and sync the others)."""
         return _summary(self._each(lambda w: AdmissionState.model_validate(w.pause(timeout_s, keep))))
 
     def resume(self, policy_version: int | None = None) -> PoolState:
