@@ -173,6 +173,7 @@ def main() -> int:
     with server:
         ready = WorkerReady(url=server.url, admin_url=server.admin_url, pid=os.getpid())
         print(ready.model_dump_json(), flush=True)
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may fill a pipe no one reads any more
         stop.wait()
     return 0
 
