@@ -81,6 +81,8 @@ def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[Prox
         "local-model",
         "--admin-port",
         str(admin_port),
+        "--workers",
+        "1",  # one process: the benches read its CPU by its pid
     ]
     log = records / "proxy.log"
     with log.open("wb") as out:  # the token by environment: argv is readable by every local user

@@ -108,6 +108,14 @@ SPECS: dict[str, Spec] = {
         lambda f: f["bytes_per_unique_token_64k"] <= 10,
         [("CPU ms/call 64k", "cpu_ms_per_call_64k"), ("CPU ms/call 128k", "cpu_ms_per_call_128k")],
     ),
+    "proxy_workers": Spec(
+        "256 sessions at 32k through 1 and through 2 proxy worker processes side by side (ABBA blocks, stub engine); "
+        "the load generator and stub engine share the same cores",
+        "python -m bench.proxy_workers",
+        "2 workers ≥ 1.6× 1 worker's calls/s",
+        lambda f: f["ratio"] >= 1.6,
+        [("calls/s, 1 worker", "calls_per_s_1"), ("calls/s, 2 workers", "calls_per_s_2")],
+    ),
     "staging": Spec(
         "24 sessions (INIT 1 s and POSTRUN 1 s simulated by sleeps, RUN 3 s of real generations), 2 run slots",
         "python -m bench.staging",

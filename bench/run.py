@@ -26,6 +26,7 @@ BENCHES: list[tuple[str, str, list[str]]] = [
     ("reconstruct", "bench.reconstruct", []),
     ("render_scale", "bench.render_scale", []),
     ("session_scale", "bench.session_scale", []),
+    ("proxy_workers", "bench.proxy_workers", []),
     ("proxy_overhead", "bench.proxy_overhead", []),
     ("proxy_overhead_chat", "bench.proxy_overhead", ["--mode", "chat"]),
     ("stream_ttfb", "bench.stream_ttfb", []),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -59,7 +60,8 @@ def admin_app(proxy: Proxy) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "sessions": len(proxy.sessions), **proxy.admission.state().model_dump()}
+        state = proxy.admission.state().model_dump()
+        return {"status": "ok", "sessions": len(proxy.sessions), "worker": config.worker, "pid": os.getpid(), **state}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,12 @@ def new_admin_token() -> str:
     """A random admin token. Prefixed, so it never starts with "-" (a bare token_urlsafe does, one time in 64, and
     `--proxy-admin-token <token>` then reads as an unknown option)."""
     return f"polar-admin-{secrets.token_urlsafe(24)}"
+
+
+def spare_cores() -> int:
+    """The cores this process may run on, less one for the rest of the node (the engine's own CPU processes, the
+    gateway, the harnesses' relays); at least one."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 class ProxyConfig(BaseModel):
@@ -60,3 +67,21 @@ class ProxyConfig(BaseModel):
         description="the proxy owns its process (`polar proxy`): freeze the start-up heap (settle_heap). Off where "
         "it runs inside another program, whose objects a freeze would keep from ever being collected",
     )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="proxy worker processes `polar proxy` starts on this node, each a whole proxy on its own ports, "
+        "a session pinned to one (ProxyPool); None: one per spare core (spare_cores)",
+    )
+    worker: int | None = Field(
+        default=None,
+        ge=0,
+        le=255,
+        description="this process's index in a pool of workers (set by the pool, not by hand): the first byte of "
+        "its session ids, so a session id names its worker",
+    )
+
+    def worker_count(self) -> int:
+        """How many worker processes to start: ``workers``, else one per spare core."""
+        return self.workers or spare_cores()

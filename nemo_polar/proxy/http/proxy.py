@@ -52,7 +52,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.sessions = SessionStore(config.record_dir)
+        self.sessions = SessionStore(config.record_dir, worker=config.worker)
         self.engine = EngineClient(config.engine_url, eot_token=config.eot_token, served_model=config.served_model)
         self.renderer: Renderer = EngineRenderer(self.engine)
         self.admission = MeteredAdmission(config.policy_version)

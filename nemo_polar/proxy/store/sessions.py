@@ -221,15 +221,26 @@ class ClosedSession:
 SESSION_ID = re.compile(r"^sess-[0-9a-f]{32}$")
 
 
+def worker_of(session_id: str) -> int | None:
+    """The index of the pool worker that made ``session_id`` (its first byte), or ``None`` for no session id."""
+    return int(session_id[5:7], 16) if SESSION_ID.match(session_id) else None
+
+
 class SessionStore:
     """Live sessions by id and key. A closed session leaves memory (its replay map, key and records): with a
     ``record_dir`` its records are read back from ``<session_id>.jsonl``, which close makes sure exists (empty for a
     session that made no call). Without one there is no disk, so only the ``keep_closed`` most recently closed
-    sessions' records are kept, in memory; older ones are dropped, and their ids are unknown again."""
+    sessions' records are kept, in memory; older ones are dropped, and their ids are unknown again.
 
-    def __init__(self, record_dir: Path | None, *, keep_closed: int = 32) -> None:
+    ``worker`` (a proxy worker process's index in a pool, 0-255) is written as the first byte of every session id
+    this store makes, so any holder of a session id knows which worker holds the session (:func:`worker_of`)."""
+
+    def __init__(self, record_dir: Path | None, *, keep_closed: int = 32, worker: int | None = None) -> None:
+        if worker is not None and not 0 <= worker < 256:
+            raise ValueError(f"a worker index is 0-255, got {worker}")
         self.record_dir = record_dir
         self.keep_closed = keep_closed
+        self.worker = worker
         self.created = 0  # sessions ever created here (/health and the polar_sessions gauge)
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
@@ -237,6 +248,8 @@ class SessionStore:
 
     def create(self, config: SessionConfig, *, api_key: str | None = None) -> Session:
         session_id = f"sess-{uuid.uuid4().hex}"
+        if self.worker is not None:  # still 120 random bits after the worker's byte
+            session_id = f"sess-{self.worker:02x}{session_id[7:]}"
         key = api_key or f"polar-{secrets.token_urlsafe(24)}"
         if key in self._by_key:
             raise ValueError("api_key already belongs to a session")

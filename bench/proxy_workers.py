@@ -1,0 +1,184 @@
+"""Proxy worker processes side by side: sustained calls/s of ``--sessions`` concurrent sessions at 32k-token contexts
+through one worker process and through two (``ProxyWorkers``: each a whole proxy, the sessions split between them
+by the pool), in blocks alternating ABBA so both arms meet the same machine. The engine is a stub (vLLM's answers in
+shape, the prompt's ids echoed, no model work), so the figure is the proxy's own; the load generator and the stub
+engine run in this process on the same cores as the workers, and the CPU each side took is printed beside the
+rates. The last line is the ratio.
+
+    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI, Request, Response
+
+from bench.common import cpu_seconds, report
+from bench.session_scale import MODEL, REPLY, tool_output
+from nemo_polar.proxy import fastjson
+from nemo_polar.proxy.http.config import ProxyConfig
+from nemo_polar.proxy.http.pool import ProxyPool
+from nemo_polar.proxy.http.serve import BackgroundServer
+from nemo_polar.proxy.http.workers import ProxyWorkers
+from nemo_polar.proxy.render.renderer import LocalRenderer
+
+
+def stub_engine(local: LocalRenderer) -> FastAPI:
+    """As bench.session_scale's stub engine, its prompt ids read and echoed with orjson: the load generator's share
+    of the cores is kept small, since it is not the proxy's."""
+    app = FastAPI()
+    reply_ids = [*local.encode(REPLY), 151645]
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"data": [{"id": "tiny-qwen3", "max_model_len": 1 << 20, "root": str(MODEL)}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        if "messages" in body:  # the proxy's probe of its local renderer
+            return {"tokens": local.render_sync(body["messages"], body.get("tools"), {})}
+        return {"tokens": local.encode(body["prompt"])}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = fastjson.loads(await request.body())
+        choice = {
+            "index": 0,
+            "text": REPLY,
+            "token_ids": reply_ids,
+            "prompt_token_ids": body["prompt"],
+            "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.5] * len(reply_ids)},
+        }
+        out = {"choices": [choice], "usage": {"prompt_tokens": len(body["prompt"])}}
+        return Response(fastjson.dumps(out), media_type="application/json")
+
+    return app
+
+
+class Arm:
+    """One pool of worker processes and its sessions' histories, already at the context."""
+
+    def __init__(self, name: str, workers: ProxyWorkers, sessions: int, context: int) -> None:
+        self.name, self.workers, self.pool = name, workers, workers.pool
+        rng = random.Random(1)
+        opened = [_open(self.pool) for _ in range(sessions)]
+        self.targets = [(worker_url, key) for worker_url, key in opened]
+        self.histories = [
+            [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": tool_output(rng, context)},
+            ]
+            for _ in range(sessions)
+        ]
+        self.rates: list[float] = []
+        self.cpu_s = self.wall_s = 0.0
+
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.workers.ready]
+
+
+def _open(pool: ProxyPool) -> tuple[str, str]:
+    _, key, worker = pool.create_session({"mode": "continuation"})
+    return worker.url, key
+
+
+async def _round(http: aiohttp.ClientSession, arm: Arm) -> None:
+    async def step(i: int) -> None:
+        url, key = arm.targets[i]
+        body = fastjson.dumps({"model": "local-model", "messages": arm.histories[i], "max_tokens": 16})
+        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        async with http.post(f"{url}/v1/chat/completions", data=body, headers=headers) as resp:
+            resp.raise_for_status()
+            reply = fastjson.loads(await resp.read())["choices"][0]["message"]["content"]
+        arm.histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
+
+    await asyncio.gather(*(step(i) for i in range(len(arm.targets))))
+
+
+async def measure(arms: list[Arm], blocks: int, rounds: int) -> dict[str, float]:
+    """Each arm warmed (its first calls render whole histories), then ``blocks`` blocks each, ABBA; the CPU this
+    process and each arm's workers took during the timed blocks."""
+    connector = aiohttp.TCPConnector(limit=0)
+    me, busy = os.getpid(), {"wall": 0.0, "load": 0.0}
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
+        for arm in arms:
+            await _round(http, arm)
+        for block in range(blocks):
+            for arm in arms if block % 4 in (0, 3) else arms[::-1]:
+                cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), cpu_seconds(me)
+                t0 = time.perf_counter()
+                for _ in range(rounds):
+                    await _round(http, arm)
+                wall = time.perf_counter() - t0
+                arm.rates.append(rounds * len(arm.targets) / wall)
+                arm.cpu_s += sum(cpu_seconds(p) for p in arm.pids()) - cpu0
+                arm.wall_s += wall
+                busy["wall"] += wall
+                busy["load"] += cpu_seconds(me) - load0
+    return busy
+
+
+def _arms(stack: ExitStack, engine_url: str, counts: list[int], sessions: int, context: int) -> Iterator[Arm]:
+    for count in counts:
+        record_dir = Path(tempfile.mkdtemp(prefix=f"polar-bench-workers{count}-"))
+        config = ProxyConfig(
+            engine_url=engine_url, record_dir=record_dir, model_aliases=["local-model"], freeze_heap=True
+        )
+        workers = stack.enter_context(ProxyWorkers(config, count))
+        yield Arm(f"{count} worker{'s' * (count > 1)}", workers, sessions, context)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--workers", type=int, nargs=2, default=[1, 2], help="the two arms' worker counts")
+    parser.add_argument("--blocks", type=int, default=8, help="timed blocks per arm (ABBA)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of one call per session in a block")
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    local = LocalRenderer(MODEL)
+    with BackgroundServer(stub_engine(local)) as engine, ExitStack() as stack:
+        arms = list(_arms(stack, engine.url, args.workers, args.sessions, args.context))
+        busy = asyncio.run(measure(arms, args.blocks, args.rounds))
+    figures: dict[str, float] = {}
+    for arm in arms:
+        mean = sum(arm.rates) / len(arm.rates)
+        calls = args.blocks * args.rounds * args.sessions
+        figures[f"calls_per_s_{len(arm.pids())}"] = mean
+        print(
+            f"{arm.name}: {mean:.1f} calls/s (blocks {', '.join(f'{r:.1f}' for r in arm.rates)}), "
+            f"worker CPU {1000 * arm.cpu_s / calls:.1f} ms/call, the workers busy {arm.cpu_s / arm.wall_s:.2f} cores"
+        )
+        figures[f"worker_cores_{len(arm.pids())}"] = arm.cpu_s / arm.wall_s
+    load_share = busy["load"] / (busy["wall"] * cores)
+    print(f"load average over the last 5 minutes: {os.getloadavg()[1]:.2f} on {cores} cores (all processes)")
+    figures["load_generator_cpu_share"] = load_share
+    (one, two), (n1, n2) = [figures[f"calls_per_s_{n}"] for n in args.workers], args.workers
+    figures["ratio"] = two / one
+    c1, c2 = (figures[f"worker_cores_{n}"] for n in args.workers)
+    report(
+        "proxy_workers",
+        {k: round(v, 3) for k, v in figures.items()},
+        f"sustained calls/s at {args.sessions} sessions of {args.context // 1024}k: {n1} worker {one:.1f}, {n2} "
+        f"workers {two:.1f} ({two / one:.2f}x) on {cores} cores shared with the load generator and stub engine "
+        f"({100 * load_share:.0f}% of them); the workers got {c1:.2f} and {c2:.2f} cores (load average "
+        f"{os.getloadavg()[1]:.1f})",
+    )
+
+
+if __name__ == "__main__":
+    main()
