@@ -256,3 +256,69 @@ def test_a_dead_worker_loses_no_answered_record(node: Node, tmp_path: Path) -> N
         pool.close(sid)  # nothing left to close on a dead worker
         with pytest.raises(ValueError, match="would leave this pool no worker"):
             pool.retire(0)
+
+
+def test_a_gateway_over_the_pool_pins_each_session_and_syncs_every_worker(node: Node, tmp_path: Path) -> None:
+    """The rollout gateway given the pool: each session runs on the worker its request id is pinned to (both
+    workers get some), and the gateway's weight sync pauses and resumes every worker."""
+    import asyncio
+
+    from nemo_polar.env.gateway import GatewayConfig, SessionRequest
+    from nemo_polar.env.gateway.testing import ChatLoopGateway
+    from nemo_polar.env.runtime.attempt import AttemptDir
+    from nemo_polar.rewards import bundled_instances
+
+    instance = bundled_instances()[0]
+    before = node.pool.health().policy_version
+    ids = [f"rollout-{i}" for i in range(8)]
+
+    async def scenario() -> tuple[list[str], dict, dict]:
+        config = GatewayConfig(state_dir=tmp_path, run_slots=4, post_workers=1)
+        async with ChatLoopGateway(config, node.pool) as gw:
+            requests = [
+                SessionRequest(request_id=i, harness="chat_loop", instance=instance, harness_options={"turns": 2})
+                for i in ids
+            ]
+            futures = [await gw.submit(r) for r in requests]
+            statuses = [(await f).status for f in futures]
+            return statuses, await gw.pause(30), await gw.resume(before + 5)
+
+    statuses, paused, resumed = asyncio.run(scenario())
+    assert statuses == ["published"] * len(ids)
+    workers = []
+    for request_id in ids:
+        records = AttemptDir(tmp_path / request_id).read_records()
+        assert len(records) == 2 and len({r.session_id for r in records}) == 1
+        pinned = node.pool.workers.index(node.pool.for_key(request_id))
+        assert worker_of(records[0].session_id) == pinned
+        workers.append(pinned)
+    assert set(workers) == {0, 1}
+    assert paused["drained"] is True and len(paused["workers"]) == 2
+    assert resumed["policy_version"] == before + 5 and resumed["consistent"] is True
+    node.pool.resume(before)  # the module's other tests count versions from the node's own
+
+
+def test_rollouts_read_a_pool_file_with_its_token_from_config_or_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`proxy.pool_file=` of polar rollout / generate: the file `polar proxy --pool-file` writes (no token), its token
+    from the config, else $POLAR_ADMIN_TOKEN; a file that is not one is a clear error."""
+    from nemo_polar.env.frontends.rollout import compose, engine_url, load_pool, proxy_client
+
+    workers = [ProxyClient(url=f"http://m{i}", admin_url=f"http://a{i}", admin_token="t") for i in range(2)]
+    path = tmp_path / "pool.json"
+    path.write_text(ProxyPool(workers=workers).model_dump_json(exclude={"workers": {"__all__": {"admin_token"}}}))
+    assert "admin_token" not in path.read_text()
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "from-env")
+    assert [w.admin_token for w in load_pool(path).workers] == ["from-env", "from-env"]
+    assert [w.admin_token for w in load_pool(path, "given").workers] == ["given", "given"]
+    cfg = compose([f"proxy.pool_file={path}", "engine.url=null"])
+    with engine_url(cfg) as engine, proxy_client(cfg, engine, tmp_path / "unused") as proxy:
+        assert (
+            engine is None
+            and isinstance(proxy, ProxyPool)
+            and [w.url for w in proxy.workers] == ["http://m0", "http://m1"]
+        )
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"bad\.json: not a pool file of `polar proxy --workers`"):
+        load_pool(tmp_path / "bad.json")

@@ -23,6 +23,7 @@ from nemo_polar.env.gateway import Gateway, GatewayConfig, SessionOutcome, Sessi
 from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.pool import ProxyPool
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.reconstruct.builders import BuilderConfig, per_request, prefix_merging
 from nemo_polar.reconstruct.trace import Trace
@@ -39,7 +40,9 @@ class PolarEnvConfig(BaseModel):
     env: str | PolarEnvSpec = Field(
         default="polar_pi", description="a Polar env (conf/env/<name>.yaml, or as composed): harness and session"
     )
-    proxy: ProxyClient = Field(description="the proxy in front of the policy engine")
+    proxy: ProxyClient | ProxyPool = Field(
+        description="the proxy in front of the policy engine, or a pool of proxy workers (`polar proxy --workers`)"
+    )
     state_dir: Path = Field(description="gateway state: one directory per attempt (records, patch, outcome)")
     runtime: Literal["bwrap", "docker", "local"] = "bwrap"
     scripted: bool = Field(default=False, description="drive the CLI with each instance's scripted policy turns")

@@ -22,6 +22,7 @@ from nemo_polar.env.runtime.session import SessionResult, run_session
 from nemo_polar.env.specs import EnvOverrides, PolarEnvSpec, resolve_env
 from nemo_polar.progress import AttemptsProgress
 from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.pool import ProxyPool, session_proxy
 from nemo_polar.reconstruct.export import write_jsonl
 from nemo_polar.rewards.instance import SWEInstance
 from nemo_polar.sandbox import get_runtime
@@ -77,7 +78,7 @@ def output_dir(cfg: DictConfig, what: str) -> Path:
 def engine_url(cfg: DictConfig) -> Iterator[str | None]:
     """The policy engine's URL: started for the run (engine=embedded), given, or None where a running proxy (which
     has its own engine) is named."""
-    if cfg.proxy.url or cfg.proxy.admin_url:
+    if cfg.proxy.url or cfg.proxy.admin_url or cfg.proxy.get("pool_file"):
         yield None
         return
     if cfg.engine.get("start"):
@@ -95,7 +96,11 @@ def engine_url(cfg: DictConfig) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def proxy_client(cfg: DictConfig, engine: str | None, record_dir: Path) -> Iterator[ProxyClient]:
+def proxy_client(cfg: DictConfig, engine: str | None, record_dir: Path) -> Iterator[ProxyClient | ProxyPool]:
+    """The config's proxy: a pool of running workers (``proxy.pool_file``), a running proxy, or one served here."""
+    if pool_file := cfg.proxy.get("pool_file"):
+        yield load_pool(Path(pool_file), cfg.proxy.admin_token)
+        return
     with serve_proxy(
         engine,
         record_dir,
@@ -134,6 +139,19 @@ def serve_proxy(
         yield server.client()
 
 
+def load_pool(path: Path, admin_token: str | None = None) -> ProxyPool:
+    """A pool file (``polar proxy --pool-file``): the workers' addresses; their token given, else $POLAR_ADMIN_TOKEN."""
+    try:
+        pool = ProxyPool.model_validate_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"proxy.pool_file {path}: not a pool file of `polar proxy --workers` ({exc})") from None
+    if admin_token:
+        pool = pool.model_copy(
+            update={"workers": [w.model_copy(update={"admin_token": admin_token}) for w in pool.workers]}
+        )
+    return pool
+
+
 def check_engine(url: str) -> None:
     """Fail before any sandbox starts when the engine is not there, saying what to do."""
     try:
@@ -168,7 +186,7 @@ def rollout(cfg: DictConfig) -> SessionResult:
             harness,
             task,
             runtime,
-            proxy,
+            session_proxy(proxy, task.instance_id),
             out,
             script=script,
             session_config=spec.session,
@@ -223,7 +241,7 @@ def env_spec(cfg: DictConfig) -> PolarEnvSpec:
     return resolve_env(PolarEnvSpec.model_validate(container["env"]), overrides)
 
 
-def env_config(cfg: DictConfig, proxy: ProxyClient, state_dir: Path) -> PolarEnvConfig:
+def env_config(cfg: DictConfig, proxy: ProxyClient | ProxyPool, state_dir: Path) -> PolarEnvConfig:
     """The composed config is shaped like :class:`PolarEnvConfig` (``conf/rollout.yaml``): validated as it is."""
     container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     return PolarEnvConfig.model_validate({**container, "proxy": proxy, "state_dir": state_dir})

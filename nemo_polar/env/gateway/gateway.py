@@ -50,6 +50,7 @@ from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.pool import ProxyPool, admission, session_proxy
 from nemo_polar.rewards.grader import GradeResult
 
 T = TypeVar("T")
@@ -72,7 +73,10 @@ class _Job:
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, proxy: ProxyClient) -> None:
+    """``proxy``: one proxy, or a pool of proxy workers (each session pinned to one by its request id; a weight sync
+    pauses and resumes them all at once)."""
+
+    def __init__(self, config: GatewayConfig, proxy: ProxyClient | ProxyPool) -> None:
         self.config = config
         self.proxy = proxy
         self.results: asyncio.Queue[SessionOutcome] = asyncio.Queue(maxsize=config.results_buffer)
@@ -113,7 +117,7 @@ class Gateway:
             get_harness(request.harness, **request.harness_options),
             request.instance,
             self.config.runtime,
-            request.proxy or self.proxy,
+            request.proxy or session_proxy(self.proxy, request.request_id),
             attempt,
             scripted=request.scripted,
             session_config={**request.session_config, "metadata": metadata},
@@ -196,10 +200,10 @@ class Gateway:
 
     async def pause(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Weight sync: the proxy stops admitting generations and drains in-flight ones (bounded)."""
-        return await asyncio.to_thread(self.proxy.pause, timeout_s)
+        return admission(await asyncio.to_thread(self.proxy.pause, timeout_s))
 
     async def resume(self, policy_version: int | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.proxy.resume, policy_version)
+        return admission(await asyncio.to_thread(self.proxy.resume, policy_version))
 
     def metrics_app(self) -> Callable[..., Any]:
         """An ASGI app serving this gateway's Prometheus metrics, to mount at ``/metrics`` in the hosting server."""
@@ -375,7 +379,7 @@ class GatewayThread:
     web server's handlers, test clients, synchronous code: ``await host.run(request)`` from any loop, or
     ``host.run_sync(request)`` from a plain thread."""
 
-    def __init__(self, config: GatewayConfig, proxy: ProxyClient) -> None:
+    def __init__(self, config: GatewayConfig, proxy: ProxyClient | ProxyPool) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="polar-gateway", daemon=True)
         self._thread.start()

@@ -36,6 +36,7 @@ from nemo_polar.env.gateway.models import GatewayConfig, RecoveryReport, Session
 from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.env.runtime.verdict import Verdict, VerdictKind
 from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.pool import ProxyPool
 
 
 def resolve_gateway_cls(spec: str | type) -> type[Gateway]:
@@ -85,7 +86,9 @@ class GatewayActor:
     """One gateway in a Ray actor. All methods are coroutines, which makes it an async actor: the gateway's workers
     and the concurrent ``submit`` calls share the actor's event loop."""
 
-    def __init__(self, name: str, config: GatewayConfig, proxy: ProxyClient, gateway_cls: str | type) -> None:
+    def __init__(
+        self, name: str, config: GatewayConfig, proxy: ProxyClient | ProxyPool, gateway_cls: str | type
+    ) -> None:
         self.name = name
         self.gateway = resolve_gateway_cls(gateway_cls)(config, proxy)
 
@@ -123,7 +126,7 @@ class ControllerConfig(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     root: Path = Field(description="each gateway's state_dir is root/<gateway name>")
-    proxy: ProxyClient
+    proxy: ProxyClient | ProxyPool
     gateways: Annotated[int, Field(ge=1)] | Literal["per_node"] = Field(
         default="per_node", description="how many gateway actors, or one pinned to each alive Ray node"
     )

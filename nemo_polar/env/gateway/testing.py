@@ -21,6 +21,7 @@ from nemo_polar.env.gateway.models import SessionRequest
 from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.env.runtime.session import SessionResult, close_quietly, write_session
 from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.pool import session_proxy
 from nemo_polar.rewards.grader import GradeResult
 
 
@@ -110,4 +111,5 @@ class ChatLoopGateway(Gateway):
     def run_harness(
         self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
     ) -> SessionResult:
-        return chat_loop(request.proxy or self.proxy, request, attempt, cancel, self.http)
+        proxy = request.proxy or session_proxy(self.proxy, request.request_id)
+        return chat_loop(proxy, request, attempt, cancel, self.http)

@@ -202,3 +202,14 @@ class _Labelled(Collector):
                 into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
                 into.samples += [s._replace(labels={**s.labels, "worker": str(index)}) for s in family.samples]
         yield from merged.values()
+
+
+def session_proxy(proxy: ProxyClient | ProxyPool, key: str) -> ProxyClient:
+    """The proxy one session's harness talks to: a pool's worker pinned to ``key`` (a rollout's request id), or the
+    one proxy there is."""
+    return proxy.for_key(key) if isinstance(proxy, ProxyPool) else proxy
+
+
+def admission(state: dict[str, Any] | PoolState) -> dict[str, Any]:
+    """A pause's or resume's answer as one shape: a proxy's admission state, or a pool's summary of its workers'."""
+    return state if isinstance(state, dict) else state.model_dump(mode="json")
