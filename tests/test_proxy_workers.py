@@ -322,3 +322,50 @@ def test_rollouts_read_a_pool_file_with_its_token_from_config_or_environment(
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match=r"bad\.json: not a pool file of `polar proxy --workers`"):
         load_pool(tmp_path / "bad.json")
+
+
+def test_a_gateway_masks_the_sessions_of_a_worker_that_died(node: Node, tmp_path: Path) -> None:
+    """A worker killed while its sessions' calls are at the engine: the gateway masks exactly those sessions, naming
+    the dead worker (proxy_unreachable, never trained on), and the other worker's sessions finish trainable."""
+    import asyncio
+
+    from nemo_polar.env.gateway import GatewayConfig, SessionRequest
+    from nemo_polar.env.gateway.testing import ChatLoopGateway
+    from nemo_polar.rewards import bundled_instances
+
+    instance = bundled_instances()[0]
+    config = ProxyConfig(engine_url=node.engine_url, record_dir=tmp_path / "records", model_aliases=["local-model"])
+    with ProxyWorkers(config, 2) as workers:
+        pool = workers.pool
+        keys = [f"attempt-{i}" for i in range(64)]
+        ids = {w: [k for k in keys if pool.workers.index(pool.for_key(k)) == w][:2] for w in (0, 1)}
+
+        async def scenario() -> dict[str, object]:
+            gw_config = GatewayConfig(state_dir=tmp_path / "state", run_slots=4, post_workers=1)
+            async with ChatLoopGateway(gw_config, pool) as gw:
+                arrived = node.gate.arrived
+                node.gate.open.clear()  # every session's first call held at the engine
+                futures = {
+                    i: await gw.submit(
+                        SessionRequest(
+                            request_id=i, harness="chat_loop", instance=instance, harness_options={"turns": 2}
+                        )
+                    )
+                    for i in ids[0] + ids[1]
+                }
+                await asyncio.to_thread(node.gate.wait_arrived, arrived + 4)
+                os.kill(workers.ready[1].pid, signal.SIGKILL)
+                await asyncio.to_thread(workers.processes[1].wait, 60)
+                node.gate.open.set()
+                return {i: await f for i, f in futures.items()}
+
+        try:
+            outcomes = asyncio.run(scenario())
+        finally:
+            node.gate.open.set()
+    for request_id in ids[0]:
+        assert outcomes[request_id].status == "published" and outcomes[request_id].verdict.trainable
+    for request_id in ids[1]:
+        outcome = outcomes[request_id]
+        assert (outcome.status, outcome.verdict.kind, outcome.mask_sample) == ("failed", "proxy_unreachable", True)
+        assert f"proxy worker at {pool.workers[1].url} died" in outcome.verdict.reason

@@ -50,7 +50,7 @@ from nemo_polar.env.runtime.session import SessionResult
 from nemo_polar.env.runtime.verdict import Verdict
 from nemo_polar.paths import atomic_write
 from nemo_polar.proxy.http.client import ProxyClient
-from nemo_polar.proxy.http.pool import ProxyPool, admission, session_proxy
+from nemo_polar.proxy.http.pool import ProxyPool, admission, session_proxy, unreachable
 from nemo_polar.rewards.grader import GradeResult
 
 T = TypeVar("T")
@@ -234,6 +234,15 @@ class Gateway:
         self._enter(job, "ready")
         await self._ready_q.put(job)
 
+    async def _run_failure(self, request: SessionRequest, exc: Exception) -> Episode:
+        """Why a harness run raised: its proxy worker died (a pool's worker that no longer answers: every session on
+        it is masked with that reason; what it answered stays in the record directory), else the run's own error."""
+        if request.proxy is None and isinstance(self.proxy, ProxyPool):
+            worker = session_proxy(self.proxy, request.request_id)
+            if why := await asyncio.to_thread(unreachable, worker):
+                return Episode.failed("proxy_unreachable", f"proxy worker at {worker.url} died ({why}): {exc}")
+        return Episode.failed("run_failed", f"harness run failed: {exc}")
+
     async def _run(self) -> None:
         job = await self._ready_q.get()
         if self._stopped(job):
@@ -243,7 +252,7 @@ class Gateway:
         try:
             job.session = await self._blocking(self.run_harness, job.request, job.attempt, budget, job.cancel)
         except Exception as exc:
-            self._finish(job, "failed", Episode.failed("run_failed", f"harness run failed: {exc}"))
+            self._finish(job, "failed", await self._run_failure(job.request, exc))
             return
         if self._stopped(job):
             return

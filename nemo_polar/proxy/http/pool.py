@@ -213,3 +213,12 @@ def session_proxy(proxy: ProxyClient | ProxyPool, key: str) -> ProxyClient:
 def admission(state: dict[str, Any] | PoolState) -> dict[str, Any]:
     """A pause's or resume's answer as one shape: a proxy's admission state, or a pool's summary of its workers'."""
     return state if isinstance(state, dict) else state.model_dump(mode="json")
+
+
+def unreachable(proxy: ProxyClient) -> str | None:
+    """Why ``proxy``'s admin API does not answer (its process died), or None when it answers."""
+    try:
+        proxy.health()
+    except ConnectionError as exc:
+        return str(exc)
+    return None
