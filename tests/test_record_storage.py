@@ -177,3 +177,19 @@ def test_version_2_files_still_load(tmp_path: Path) -> None:
         r.model_dump(exclude={"schema_version"}) for r in records
     ]
     assert {r.schema_version for r in read_records(v2)} == {2}
+
+
+def test_a_continuation_s_proof_spares_the_comparison_and_a_void_one_is_compared(tmp_path: Path) -> None:
+    """The proxy notes that a continuation's prompt is its parent's prompt + sampled ids + more (``prove_extends``):
+    written as the same delta, digested by what it adds. A proof whose lists were replaced since is void: the prompt
+    is compared, and one that no longer extends its parent is stored whole."""
+    a, b, c = grown_session(3, 40)
+    b.prove_extends(a)
+    c.prove_extends(b)
+    c.prompt_token_ids = [*b.prompt_token_ids[:-1], 1, *c.prompt_token_ids[len(b.prompt_token_ids) :]]
+    path = write([a, b, c], tmp_path / "s.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[1]["prompt_from"]["keep"] == len(a.prompt_token_ids) + len(a.sampled_token_ids)
+    assert lines[1]["prompt_from"]["sha256"] == prompt_digest(b.prompt_token_ids)
+    assert "prompt_from" not in lines[2] and lines[2]["prompt_token_ids"] == c.prompt_token_ids
+    assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in (a, b, c)]

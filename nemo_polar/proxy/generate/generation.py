@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall, valid_template_id
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
@@ -46,6 +47,8 @@ class Plan:
     template: str | None = None  # how the chat template ran (continuation mode): messages:<n> or full:<why>
     system_messages: str | None = None  # how system messages were placed for the template (TemplateTraits)
     reasoning_open: bool = False  # the prompt ends inside a reasoning block its template opened
+    prompt_json: bytes | None = None  # those ids as the JSON sent for the body's prompt (continuation mode)
+    extends: bool = False  # the prompt is the parent's prompt + sampled ids + what is new (continuation)
 
 
 def _reasoning_open(prompt: list[int], info: EngineInfo) -> bool:
@@ -61,10 +64,17 @@ def _reasoning_open(prompt: list[int], info: EngineInfo) -> bool:
 
 
 def _last_index(ids: list[int], token: int) -> int:
-    try:
-        return len(ids) - 1 - ids[::-1].index(token)  # in C: the last turn is near the end of a long prompt
-    except ValueError:
-        return -1
+    """Index of the last ``token`` in ``ids``, or -1: searched in C over ever longer ends (the last turn is near the
+    end of a long prompt), never copying the whole list."""
+    width = 256
+    while True:
+        start = max(0, len(ids) - width)
+        end = ids[start:]
+        if token in end:
+            return len(ids) - 1 - end[::-1].index(token)
+        if start == 0:
+            return -1
+        width *= 8
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -122,6 +132,8 @@ async def plan(
             template,
             placed,
             opened,
+            prompt_json=fastjson.dumps(prompt),
+            extends=parent is not None,
         )
 
     body = {
@@ -219,7 +231,7 @@ class Generation:
         self.plan = the_plan
         self.conv = conv
         self.new_call_id = new_call_id
-        self.capture = Capture(prompt_token_ids=list(the_plan.prompt_token_ids))
+        self.capture = Capture(prompt_token_ids=the_plan.prompt_token_ids)  # read, never changed in place
         self.parser = StreamParser(param_types=conv.param_type, reasoning_open=the_plan.reasoning_open)
         self.output = Output()
         self._resp: aiohttp.ClientResponse | None = None
@@ -234,14 +246,21 @@ class Generation:
         if self._family_stream is not None:  # the worker may start (seconds): off the event loop
             self.family = await asyncio.to_thread(self._family_stream, list(self.plan.prompt_token_ids))
             self.plan.body["skip_special_tokens"] = self.family.skip_special_tokens
+        sent = self.plan.prompt_json
+        raw = {"prompt": sent} if sent is not None else None
         try:
             if self.plan.body.get("stream"):
-                self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+                self._resp = await self.engine.open_stream(self.plan.path, self.plan.body, raw)
             else:
-                self._whole = await self.engine.post_json(self.plan.path, self.plan.body)
+                self._whole = await self.engine.post_json(self.plan.path, self.plan.body, raw=raw, echo=self._echo)
         except BaseException:  # refused by the engine: nothing will close this call later
             await self.close()
             raise
+
+    @property
+    def _echo(self) -> tuple[str, bytes] | None:
+        """The engine's echo of the prompt, read as ``fastjson.AS_SENT`` where it is the JSON sent byte for byte."""
+        return ("prompt_token_ids", self.plan.prompt_json) if self.plan.prompt_json is not None else None
 
     async def close(self) -> None:
         if self.family is not None:  # a call abandoned mid-sample (the harness went away) frees its parser too
@@ -264,7 +283,7 @@ class Generation:
         async def pump() -> None:
             assert self._resp is not None
             try:
-                async for chunk in sse_data(self._resp):
+                async for chunk in sse_data(self._resp, self._echo):
                     await queue.put(chunk)
                 await queue.put(done)
             except Exception as exc:  # handed to the consumer, which raises it in its own context
@@ -303,8 +322,11 @@ class Generation:
             cap.prompt_tokens = usage.get("prompt_tokens", cap.prompt_tokens)
         events: list[object] = []
         for choice in chunk.get("choices") or []:
-            if choice.get("prompt_token_ids"):  # completions: on the first choice chunk
-                engine_prompt = list(choice["prompt_token_ids"])
+            echoed = choice.get("prompt_token_ids")  # completions: on the first choice chunk
+            if echoed == fastjson.AS_SENT:
+                pass  # the ids sent, byte for byte (fastjson.loads_echo): the capture holds them already
+            elif echoed:
+                engine_prompt = list(echoed)
                 if cap.prompt_token_ids and engine_prompt != cap.prompt_token_ids:
                     raise ProxyError(502, "engine reports a different prompt than the one sent", code="prompt_mismatch")
                 cap.prompt_token_ids = engine_prompt

@@ -218,7 +218,9 @@ class Proxy:
             record.tokenize, record.template = the_plan.tokenize, the_plan.template
             record.system_messages = the_plan.system_messages
             record.sampling = the_plan.sampling
-            record.prompt_token_ids = list(the_plan.prompt_token_ids)
+            record.prompt_token_ids = the_plan.prompt_token_ids  # the engine is sent these: never changed in place
+            if the_plan.extends and the_plan.parent is not None:
+                record.prove_extends(the_plan.parent.record)
             record.reached("rendered")
             family = await self.family_stream(session, conv)
             gen = Generation(self.engine, the_plan, conv, adapter.new_tool_call_id, family)
