@@ -7,7 +7,6 @@ import asyncio
 import functools
 import gc
 import gzip
-import json
 import logging
 import time
 import zlib
@@ -19,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.apis import ApiAdapter, get_adapter
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall
 from nemo_polar.proxy.engine_client import EngineClient
@@ -148,8 +148,8 @@ class Proxy:
         if not raw.strip():
             raise ProxyError(400, "request body is empty; expected a JSON object")
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return fastjson.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
             raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
 
     async def check_model(self, name: str, session: Session) -> None:
@@ -195,7 +195,7 @@ class Proxy:
             if path_model is not None and isinstance(body, dict) and adapter.model_field is not None:
                 body = {**body, "model": adapter.model_field(path_model)}
             record.request = body
-            conv = adapter.parse(body)
+            conv = adapter.parse_reusing(body, session.memos) if adapter.parse_reusing else adapter.parse(body)
             if stream is not None:
                 conv.stream = stream
             if path_model is None:  # a harness's side calls name the provider's own models: any is served

@@ -1,0 +1,82 @@
+"""A harness resends its whole history on every call; the proxy parses only what a request adds to a history it
+parsed before (``PrefixMemo``: the items' JSON compared as bytes), and the conversation is the one a whole parse
+gives. Histories are compared by digests each message and tool keeps (``fingerprint``)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from nemo_polar.proxy.apis import chat
+from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, fingerprint
+from nemo_polar.proxy.errors import ProxyError
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "custom", "custom": {"name": "apply_patch"}},  # not a function: gives no tool
+]
+
+
+def body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] = TOOLS) -> dict[str, Any]:
+    return {"model": "m", "messages": copy.deepcopy(messages), "tools": copy.deepcopy(tools)}
+
+
+def call(i: int, call_id: Any = None) -> list[dict[str, Any]]:
+    ident = call_id if call_id is not None else f"call_{i}"
+    turn = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": ident, "type": "function", "function": {"name": "bash", "arguments": f'{{"n":{i}}}'}}]}  # fmt: skip
+    return [turn, {"role": "tool", "tool_call_id": ident, "content": f"output {i} Ünïcode"}]
+
+
+def test_a_growing_history_parses_only_what_it_adds_and_gives_the_same_conversation() -> None:
+    memos = ParseMemos()
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]
+    side = [{"role": "user", "content": "a title for this session"}]  # a side call between main calls
+    last: list[Message] = []
+    for i in range(6):
+        history += call(i)
+        conv = chat.parse(body(history), memos)
+        assert conv == chat.parse(body(history))
+        assert all(a is b for a, b in zip(conv.messages, last, strict=False))  # what was parsed before is reused
+        assert conv.messages[len(last)] is not (last[-1] if last else None)
+        last = conv.messages
+        assert chat.parse(body(side), memos) == chat.parse(body(side))
+    # history rewritten mid-way, or an item the same as a Python value but not as JSON: parsed afresh
+    for changed in (
+        [*history[:3], {**history[3], "content": "compacted"}, *history[4:]],
+        [*history[:2], *call(0, call_id=1), *history[4:]],
+        [*history[:2], *call(0, call_id=True), *history[4:]],
+    ):
+        conv = chat.parse(body(changed), memos)
+        assert conv == chat.parse(body(changed))
+        assert conv.messages[2] is not last[2]
+    assert chat.parse(body(history[:2], tools=[]), memos).tools == []
+
+
+def test_a_request_that_fails_to_parse_keeps_nothing() -> None:
+    memos = ParseMemos()
+    good = [{"role": "user", "content": "hi"}]
+    first = chat.parse(body(good), memos).messages[0]
+    with pytest.raises(ProxyError):
+        chat.parse(body([*good, {"role": "robot", "content": "x"}]), memos)
+    assert chat.parse(body([*good, {"role": "user", "content": "again"}]), memos).messages[0] is first
+
+
+def test_fingerprints_tell_histories_apart_by_every_message_and_tool() -> None:
+    conv = chat.parse(body([{"role": "user", "content": "hi"}, *call(0), *call(1)]))
+    same = chat.parse(body([{"role": "user", "content": "hi"}, *call(0), *call(1)]))
+    assert fingerprint(conv.messages, conv.tools) == fingerprint(same.messages, same.tools)
+    base = fingerprint(conv.messages, conv.tools)
+    assert fingerprint(conv.messages[:-1], conv.tools) != base
+    assert fingerprint(conv.messages, []) != base
+    assert fingerprint(conv.messages[1:], conv.tools) != base
+    other = [*conv.messages[:-1], Message(role="tool", content="output 1 changed", tool_call_id="call_1")]
+    assert fingerprint(other, conv.tools) != base
+    swapped = [conv.messages[0], conv.messages[3], conv.messages[4], conv.messages[1], conv.messages[2]]
+    assert fingerprint(swapped, conv.tools) != base
+    assert fingerprint(conv.messages, [Tool(name="bash", description="runs")]) != base
+    # the harness's own ids are no part of a history
+    renamed = [m.model_copy(update={"echo_ids": ["x"], "source_call_id": "c"}) for m in conv.messages]
+    assert fingerprint(renamed, conv.tools) == base
