@@ -1,6 +1,7 @@
 """A harness resends its whole history on every call; the proxy parses only what a request adds to a history it
 parsed before (``PrefixMemo``: the items' JSON compared as bytes), and the conversation is the one a whole parse
-gives. Histories are compared by digests each message and tool keeps (``fingerprint``)."""
+gives. Histories are compared by digests each message and tool keeps (``fingerprint``). A continuation's prompt
+extends its parent's: its JSON and its end-of-turn count are the parent's plus what it adds (``PromptMemo``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Any
 
 import pytest
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.apis import chat
 from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, fingerprint
 from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.generate.generation import _continue
+from nemo_polar.proxy.store.records import CallRecord
+from nemo_polar.proxy.store.sessions import CallState, PromptMemo
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}},
@@ -80,3 +85,25 @@ def test_fingerprints_tell_histories_apart_by_every_message_and_tool() -> None:
     # the harness's own ids are no part of a history
     renamed = [m.model_copy(update={"echo_ids": ["x"], "source_call_id": "c"}) for m in conv.messages]
     assert fingerprint(renamed, conv.tools) == base
+
+
+EOT = 9
+
+
+@pytest.mark.parametrize("sampled", [[5, 6, EOT], [5, 6]])  # a turn the engine closed, and one cut short
+def test_a_continuation_s_prompt_json_and_count_extend_its_parent_s(sampled: list[int]) -> None:
+    parent_prompt = [1, EOT, 2, 3, EOT, 4]
+    rec = CallRecord(
+        call_id="c1", session_id="s", api="chat", mode="continuation", request=None, started_at=0.0,
+        prompt_token_ids=parent_prompt, sampled_token_ids=sampled, complete=True,
+    )  # fmt: skip
+    state = CallState(rec, "", Message(role="assistant", content="x"))
+    full = [1, EOT, 2, 3, EOT, 4, 5, 6, EOT, 7, 8, EOT, 10]  # the whole history rendered afresh
+    memo = PromptMemo(parent_prompt, fastjson.dumps(parent_prompt), EOT, parent_prompt.count(EOT))
+    unknown = PromptMemo(list(parent_prompt), b"[0]", EOT, 0)  # another list: not this parent's prompt
+    results = [_continue(state, full, EOT, "<eot>", last) for last in (memo, None, unknown)]
+    expected = [*parent_prompt, *sampled, *([] if sampled[-1] == EOT else [EOT]), 7, 8, EOT, 10]
+    for made, reason in results:
+        assert reason == "continuation" and made is not None
+        assert made.ids == expected and made.json == fastjson.dumps(expected)
+        assert made.count == expected.count(EOT) and made.token == EOT

@@ -30,7 +30,7 @@ from nemo_polar.proxy.parse.output import Output
 from nemo_polar.proxy.parse.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.render.renderer import Renderer
 from nemo_polar.proxy.sampling import SamplingParams
-from nemo_polar.proxy.store.sessions import CallState, Session
+from nemo_polar.proxy.store.sessions import CallState, PromptMemo, Session
 
 KEEPALIVE = object()
 
@@ -111,13 +111,15 @@ async def plan(
     if mode == "continuation":
         full = await renderer.render(messages, tools, kwargs, session.token_cache)
         tokenize, template = session.token_cache.how, session.token_cache.template_how
-        prompt = full
         if parent is not None and session.config.history == "template":
             parent, reason = None, "template_history"
+        memo = None
         if parent is not None:
-            prompt, reason = _continue(parent, full, info.eot_id, info.eot_text)
-            if prompt is None:
-                parent, prompt = None, full
+            memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt)
+            if memo is None:
+                parent = None
+        memo = session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
+        prompt = memo.ids
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         opened = _reasoning_open(prompt, info)
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
@@ -132,7 +134,7 @@ async def plan(
             template,
             placed,
             opened,
-            prompt_json=fastjson.dumps(prompt),
+            prompt_json=memo.json,
             extends=parent is not None,
         )
 
@@ -173,7 +175,11 @@ def _chat_tool_choice(choice: str) -> Any:
     return {"type": "function", "function": {"name": choice}}
 
 
-def _continue(parent: CallState, full: list[int], eot: int | None, eot_text: str) -> tuple[list[int] | None, str]:
+def _continue(
+    parent: CallState, full: list[int], eot: int | None, eot_text: str, last: PromptMemo | None
+) -> tuple[PromptMemo | None, str]:
+    """The prompt continuing ``parent`` (its prompt + sampled ids + the new part of ``full``), or None and why not.
+    Where ``last`` memoises the parent's prompt, only what is added is written as JSON and counted."""
     if eot is None:
         return None, "no_single_end_of_turn_token"
     rec = parent.record
@@ -182,14 +188,20 @@ def _continue(parent: CallState, full: list[int], eot: int | None, eot_text: str
     # would start inside the parent's turn: render the whole history afresh instead.
     if eot in rec.sampled_token_ids[:-1] or eot_text in (rec.output_text or ""):
         return None, "end_of_turn_in_sampled"
-    closed = rec.prompt_token_ids.count(eot) + 1  # the parent's context turns + the parent's own turn
+    known = last if last is not None and last.ids is rec.prompt_token_ids and last.token == eot else None
+    closed = (known.count if known and known.count >= 0 else rec.prompt_token_ids.count(eot)) + 1  # + its own turn
     cut = _nth_after(full, eot, closed)
     if cut is None or cut >= len(full):
         return None, "delta_render_failed"
-    sampled = list(rec.sampled_token_ids)
-    if not sampled or sampled[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
-        sampled.append(eot)
-    return rec.prompt_token_ids + sampled + full[cut:], "continuation"
+    added = list(rec.sampled_token_ids)
+    if not added or added[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
+        added.append(eot)
+    added += full[cut:]
+    prompt = rec.prompt_token_ids + added
+    # The JSON of a list of ints is its items' joined by commas: the parent's, then the added ones'
+    json = known.json[:-1] + b"," + fastjson.dumps(added)[1:] if known else fastjson.dumps(prompt)
+    # the sampled turn holds one end of turn (checked above, or appended)
+    return PromptMemo(prompt, json, eot, closed + full[cut:].count(eot)), "continuation"
 
 
 def _check_context(prompt_len: int, max_tokens: int | None, max_len: int | None) -> None:

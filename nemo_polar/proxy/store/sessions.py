@@ -130,6 +130,17 @@ class CallState:
 
 
 @dataclass
+class PromptMemo:
+    """A session's last planned prompt (continuation mode): the list itself, its JSON as sent, how many of a token
+    (the end of turn) it holds. The next call's prompt extends it: only what that adds is written and counted."""
+
+    ids: list[int]
+    json: bytes
+    token: int | None
+    count: int
+
+
+@dataclass
 class Session:
     id: str
     api_key: str
@@ -147,6 +158,7 @@ class Session:
     delivering: set[str] = field(default_factory=set)
     token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
     forced: dict[int, dict[str, Any]] = field(default_factory=dict)  # script position -> its turn's ids (scripted)
+    last_prompt: PromptMemo | None = None
     memos: ParseMemos = field(default_factory=ParseMemos)  # what recent requests parsed into, for the next to reuse
     # call id -> its output as echoed turns are restored to (one copy, shared: messages are not changed once parsed)
     restored: dict[str, Message] = field(default_factory=dict)
