@@ -284,7 +284,7 @@ class PrefixMemo(Generic[T]):
         """``one(item, index)`` for each item (None: the item gives nothing), reusing the longest list seen before
         whose items this list starts with; what ``one`` raises is raised, and nothing is kept."""
         data = fastjson.dumps(items)
-        reused = max((results for seen, results in self._kept if _starts_with(data, seen)), key=len, default=[])
+        reused = max((results for seen, results in self._kept if json_list_extends(data, seen)), key=len, default=[])
         results = [*reused, *(one(item, i) for i, item in enumerate(items[len(reused) :], len(reused)))]
         others = [kept for kept in self._kept if kept[1] is not reused]
         self._kept = [*others[len(others) - self.size + 1 :], (data, results)]
@@ -299,7 +299,7 @@ class ParseMemos(dict[str, PrefixMemo[Any]]):
         return memo
 
 
-def _starts_with(data: bytes, seen: bytes) -> bool:
+def json_list_extends(data: bytes, seen: bytes) -> bool:
     """The JSON list ``data`` starts with the items of the JSON list ``seen``: JSON is read without looking ahead,
     so the same bytes up to a comma or the end are the same items."""
     if len(seen) <= 2:  # "[]": nothing to reuse

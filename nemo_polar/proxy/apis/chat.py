@@ -19,7 +19,7 @@ _ROLE = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 class ChatRequest(Loose):
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[Any]  # each checked where it is parsed: validating every message here would copy them all
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     stream: bool | None = False

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
@@ -44,6 +44,7 @@ from nemo_polar.proxy.store.packing import (
     unpack_ids,
     unpack_text,
 )
+from nemo_polar.proxy.store.request_text import WrittenText, request_text, written_text
 
 Api = Literal["chat", "responses", "anthropic", "gemini"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
@@ -222,11 +223,7 @@ class RequestDelta(BaseModel):
         return self.text if self.text is not None else unpack_text(self.text_z or "")
 
 
-def request_text(request: Any) -> str:
-    """One canonical JSON text of a request (ASCII: escapes survive any encoding)."""
-    return json.dumps(request, separators=(",", ":"))
-
-
+T = TypeVar("T")
 MIN_REQUEST_SHARED = 256  # characters a delta must save to be worth its indirection
 
 
@@ -274,18 +271,18 @@ def _request_delta(text: str, digest: str, before: str, parent: CallRecord) -> R
     return RequestDelta(call=parent.call_id, prefix=prefix, suffix=suffix, sha256=digest, **stored)
 
 
-class _RecentTexts:
+class _RecentTexts(Generic[T]):
     """The request texts of the last few records written or read (a session's next call almost always extends the
     last one): the parent's text without serialising its request again. Few, since each is a whole history."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._texts: dict[str, str] = {}
+        self._texts: dict[str, T] = {}
 
-    def get(self, call_id: str) -> str | None:
+    def get(self, call_id: str) -> T | None:
         return self._texts.get(call_id)
 
-    def put(self, call_id: str, text: str) -> None:
+    def put(self, call_id: str, text: T) -> None:
         self._texts[call_id] = text
         while len(self._texts) > self.size:
             del self._texts[next(iter(self._texts))]
@@ -304,7 +301,7 @@ class RecordWriter:
         self._lock = asyncio.Lock()
         self._written: dict[str, CallRecord] = {}  # by call id: what a later prompt may be stored against
         self._request_digests: dict[str, str] = {}  # by call id: the digest of the request text written for it
-        self._texts = _RecentTexts()
+        self._texts: _RecentTexts[WrittenText] = _RecentTexts()
         self._digests = RunningDigests()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,10 +311,12 @@ class RecordWriter:
         extend them."""
         parent = self._written.get(record.parent_call_id or "")
         self._written[record.call_id] = record
-        text = None if record.request is None else request_text(record.request)
-        if text is not None:
+        text = None
+        if record.request is not None:
+            written = written_text(record.request, self._texts.get(record.parent_call_id or ""))
+            text = written.text
             self._request_digests[record.call_id] = digest = _text_digest(text)
-            self._texts.put(record.call_id, text)
+            self._texts.put(record.call_id, written)
         stored: dict[str, BaseModel] = {}
         prompt, running = _prompt_delta(record, parent, self._digests) if parent else (None, None)
         running = running or hashlib.sha256(int32le(record.prompt_token_ids))
@@ -338,8 +337,8 @@ class RecordWriter:
     def _parent_text(self, parent: CallRecord) -> str | None:
         """The request text written for ``parent``, or None when there is none or its request has changed in memory
         since (a reader rebuilds from what was written)."""
-        if (text := self._texts.get(parent.call_id)) is not None:
-            return text
+        if (written := self._texts.get(parent.call_id)) is not None:
+            return written.text
         digest = self._request_digests.get(parent.call_id)
         if parent.request is None or digest is None:
             return None
@@ -377,7 +376,7 @@ class RecordReader:
     def __init__(self, verify: bool = True) -> None:
         self.verify = verify
         self._seen: dict[str, CallRecord] = {}
-        self._texts = _RecentTexts()
+        self._texts: _RecentTexts[str] = _RecentTexts()
 
     def decode(self, data: Any) -> CallRecord:
         """A parsed line; raises ValueError saying what is wrong with it."""
