@@ -15,6 +15,8 @@ from nemo_polar.proxy.apis import chat
 from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, fingerprint
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.generate.generation import _continue
+from nemo_polar.proxy.render.renderer import _keys
+from nemo_polar.proxy.render.template_segments import TemplateCache
 from nemo_polar.proxy.store.records import CallRecord
 from nemo_polar.proxy.store.sessions import CallState, PromptMemo
 
@@ -107,3 +109,22 @@ def test_a_continuation_s_prompt_json_and_count_extend_its_parent_s(sampled: lis
         assert reason == "continuation" and made is not None
         assert made.ids == expected and made.json == fastjson.dumps(expected)
         assert made.count == expected.count(EOT) and made.token == EOT
+
+
+def test_a_message_hands_the_template_one_dict_and_the_next_render_writes_only_new_ones() -> None:
+    conv = chat.parse(body([{"role": "user", "content": "hi"}, *call(0)]))
+    dicts = conv.template_messages()
+    assert [m.to_template() for m in conv.messages] == dicts and conv.template_messages()[1] is dicts[1]
+    assert dicts[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"n":0}'}}],
+    }
+    last = TemplateCache()
+    first = _keys(dicts, last)
+    assert first == [fastjson.dumps(m) for m in dicts]
+    last.written = (dicts, first)
+    changed = {**dicts[2], "content": "other"}  # an equal-looking position, another dict: written again
+    again = _keys([*dicts[:2], changed, {"role": "user", "content": "new"}], last)
+    assert again[0] is first[0] and again[1] is first[1]
+    assert again[2] == fastjson.dumps(changed) and again[3] == fastjson.dumps({"role": "user", "content": "new"})

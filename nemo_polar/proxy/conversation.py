@@ -41,6 +41,7 @@ class Message(BaseModel):
     echo_ids: list[str] = Field(default_factory=list, exclude=True)
     source_call_id: str | None = Field(default=None, exclude=True)
     _digest: bytes | None = PrivateAttr(default=None)  # digest(): a message is not changed once parsed
+    _template: dict[str, Any] | None = PrivateAttr(default=None)  # to_template(), made once
 
     def recorded(self) -> dict[str, Any]:
         """The message as a call record keeps it: what the harness got, plus the ids the model itself wrote for its
@@ -52,7 +53,16 @@ class Message(BaseModel):
         return out
 
     def to_template(self) -> dict[str, Any]:
-        """The OpenAI-chat message dict the engine's chat template renders."""
+        """The OpenAI-chat message dict the engine's chat template renders: made once, the same dict on every call
+        (a message is not changed once parsed), so that a session's next render knows it unchanged by identity. It
+        must not be changed: copy it to change it."""
+        private = self.__pydantic_private__
+        if private is not None and (made := private.get("_template")) is not None:
+            return made
+        self._template = self._template_dict()
+        return self._template
+
+    def _template_dict(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
             if self.reasoning:

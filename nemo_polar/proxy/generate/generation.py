@@ -113,12 +113,7 @@ async def plan(
         tokenize, template = session.token_cache.how, session.token_cache.template_how
         if parent is not None and session.config.history == "template":
             parent, reason = None, "template_history"
-        memo = None
-        if parent is not None:
-            memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt)
-            if memo is None:
-                parent = None
-        memo = session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
+        memo, parent, reason = _prompt(session, parent, reason, full, info)
         prompt = memo.ids
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         opened = _reasoning_open(prompt, info)
@@ -156,8 +151,11 @@ async def plan(
         prefix = parent.record.prompt_token_ids + parent.record.sampled_token_ids
         body["required_prefix_token_ids"] = prefix
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        messages[last]["prompt_token_ids"] = parent.record.prompt_token_ids
-        messages[last]["generation_token_ids"] = parent.record.sampled_token_ids
+        messages[last] = {  # a copy: the message's own dict is shared (Message.to_template)
+            **messages[last],
+            "prompt_token_ids": parent.record.prompt_token_ids,
+            "generation_token_ids": parent.record.sampled_token_ids,
+        }
     render_reason = f"engine_render:{reason}"
     return Plan(
         "/v1/chat/completions",
@@ -173,6 +171,20 @@ def _chat_tool_choice(choice: str) -> Any:
     if choice in ("auto", "none", "required"):
         return choice
     return {"type": "function", "function": {"name": choice}}
+
+
+def _prompt(
+    session: Session, parent: CallState | None, reason: str, full: list[int], info: EngineInfo
+) -> tuple[PromptMemo, CallState | None, str]:
+    """The prompt (and its parent, and why) of a continuation-mode call: ``parent``'s continued where it can be, else
+    the whole render ``full``; kept as the session's ``last_prompt`` for its next call."""
+    memo = None
+    if parent is not None:
+        memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt)
+        if memo is None:
+            parent = None
+    session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
+    return session.last_prompt, parent, reason
 
 
 def _continue(
