@@ -367,9 +367,18 @@ def settle_heap() -> None:
     start-up heap is never traversed again; what calls allocate is collected as before. vLLM's API server freezes its
     start-up heap the same way (vllm 0.32, entrypoints/launchers/utils/server_utils.py: freeze_gc_heap). Process-wide,
     so only where the proxy owns its process (``ProxyConfig.freeze_heap``); the sessions alive when the local renderer
-    is adopted (those of the first calls) are frozen with it, a bounded one-time cost."""
+    is adopted (those of the first calls) are frozen with it, a bounded one-time cost.
+
+    Collections then come rarer (``YOUNG_COLLECTION_AFTER`` allocations, not 700): every collection traverses the
+    ids lists alive (a session's records hold one per call, each of its whole context), and a call allocates
+    thousands of short-lived containers but hardly any cycles. At a 64k-token session (bench.session_scale) that
+    took the proxy's time in the collector from 481 to 216 ms over 200 calls."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_AFTER, *gc.get_threshold()[1:])
+
+
+YOUNG_COLLECTION_AFTER = 10_000
 
 
 def _emit(emitter: StreamEmitter, ev: object) -> list[str]:
