@@ -128,3 +128,13 @@ def test_a_message_hands_the_template_one_dict_and_the_next_render_writes_only_n
     again = _keys([*dicts[:2], changed, {"role": "user", "content": "new"}], last)
     assert again[0] is first[0] and again[1] is first[1]
     assert again[2] == fastjson.dumps(changed) and again[3] == fastjson.dumps({"role": "user", "content": "new"})
+
+
+def test_a_copy_with_changed_fields_is_digested_and_templated_afresh() -> None:
+    message = Message(role="user", content="hi")
+    tool = Tool(name="bash")
+    before = fingerprint([message], [tool]), message.to_template()
+    edited, renamed = message.model_copy(update={"content": "bye"}), tool.model_copy(update={"name": "sh"})
+    assert edited.to_template() == {"role": "user", "content": "bye"} and before[1] == {"role": "user", "content": "hi"}
+    assert fingerprint([edited], [tool]) != before[0] and fingerprint([message], [renamed]) != before[0]
+    assert fingerprint([message.model_copy(deep=True)], [tool.model_copy()]) == before[0]

@@ -52,6 +52,13 @@ class Message(BaseModel):
                 dumped["template_id"] = call.template_id
         return out
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Message:
+        """A copy; one with fields changed (``update``) keeps none of what was made from the original's."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._digest = copy._template = None
+        return copy
+
     def to_template(self) -> dict[str, Any]:
         """The OpenAI-chat message dict the engine's chat template renders: made once, the same dict on every call
         (a message is not changed once parsed), so that a session's next render knows it unchanged by identity. It
@@ -87,6 +94,13 @@ class Tool(BaseModel):
         default=None, description="the Responses `namespace` group it was declared in; its calls name it"
     )
     _digest: bytes | None = PrivateAttr(default=None)  # digest(): a tool is not changed once parsed
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Tool:
+        """A copy; one with fields changed (``update``) keeps no digest of the original's."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._digest = None
+        return copy
 
     def to_template(self) -> dict[str, Any]:
         return {
