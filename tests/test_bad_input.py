@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nemo_polar.proxy.http.serve import BackgroundServer as Server
 from nemo_polar.proxy.store.records import CallRecord
@@ -188,6 +188,7 @@ def fake_engine(behaviour: str) -> FastAPI:
         if behaviour == "500":
             return JSONResponse({"error": {"message": "EngineDeadError"}}, status_code=500)
 
+        echo = [*body["prompt"][:-1], 7] if behaviour == "echo_other" else body["prompt"]
         if not body.get("stream"):
             if behaviour == "die":
                 raise RuntimeError("engine worker died")  # the client sees a 500 and no body
@@ -196,14 +197,16 @@ def fake_engine(behaviour: str) -> FastAPI:
                 "index": 0,
                 "text": "Hello",
                 "token_ids": ids,
-                "prompt_token_ids": body["prompt"],
+                "prompt_token_ids": echo,
                 "finish_reason": "stop",
                 "logprobs": {"token_logprobs": [-0.5] * 4},
             }
-            return {"choices": [choice]}
+            if behaviour == "echo_spaced":  # the same ids, not written as the proxy wrote them
+                return Response(json.dumps({"choices": [choice]}, indent=1), media_type="application/json")
+            return {"choices": [choice]}  # compact, as vLLM writes it
 
         async def stream() -> Any:
-            yield chunk("Hel", [1, 2], prompt=body["prompt"])
+            yield chunk("Hel", [1, 2], prompt=echo)
             if behaviour == "slow":
                 await asyncio.sleep(1.2)
             yield chunk("lo", [3])
@@ -254,6 +257,25 @@ def test_engine_dying_mid_stream(faulty: ProxyHandle, stream: bool) -> None:
     # what arrived is kept, marked incomplete
     assert rec["sampled_token_ids"] == ([1, 2, 3] if stream else [])
     assert faulty.disk_records(session["session_id"]) == [rec]
+
+
+@pytest.mark.parametrize("faulty", ["echo_compact", "echo_spaced", "echo_other"], indirect=True)
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_prompt_the_engine_echoes_is_checked(
+    faulty: ProxyHandle, stream: bool, request: pytest.FixtureRequest
+) -> None:
+    """The engine's echo of the prompt is the exactness check: the same ids, however written, complete the call (the
+    stream's chunks are written with spaces, the whole answer compact or indented); other ids fail it, recorded."""
+    session = faulty.session()
+    resp = post(faulty, session["api_key"], "/v1/chat/completions", {**CHAT, "stream": stream})
+    [rec] = faulty.records(session["session_id"])
+    if request.node.callspec.params["faulty"] == "echo_other":
+        assert not rec["complete"] and rec["error_code"] == "prompt_mismatch" and rec["status_code"] == 502
+        assert resp.status_code == (200 if stream else 502)  # a stream has begun: its error is an event
+        assert "different prompt" in resp.text
+    else:
+        assert resp.status_code == 200 and rec["complete"] and rec["error"] is None
+        assert rec["prompt_token_ids"] == [151644, 872, 198, 151645]
 
 
 @pytest.mark.parametrize("faulty", ["slow"], indirect=True)

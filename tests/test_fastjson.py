@@ -34,3 +34,33 @@ def test_loads_reads_a_lone_surrogate_escape_and_rejects_invalid_json():
     assert fastjson.loads(b'{"t": "\\ud800"}') == {"t": "\ud800"}
     with pytest.raises(ValueError):
         fastjson.loads(b'{"t": ')
+
+
+def test_dumps_with_takes_fields_already_written():
+    ids = [151644, 872, 198]
+    data = fastjson.dumps_with({"model": "m", "prompt": "replaced", "stream": False}, {"prompt": fastjson.dumps(ids)})
+    assert json.loads(data) == {"model": "m", "stream": False, "prompt": ids}
+    assert json.loads(fastjson.dumps_with({}, {"prompt": b"[1]"})) == {"prompt": [1]}
+    assert json.loads(fastjson.dumps_with({"lone": "\ud800"}, {"prompt": b"[1]"})) == {"lone": "\ud800", "prompt": [1]}
+
+
+def test_loads_echo_marks_only_a_byte_for_byte_echo():
+    sent = fastjson.dumps([5, 6, 7])
+    compact = b'{"choices":[{"prompt_token_ids":[5,6,7],"text":"[5,6,7]"}]}'
+    assert fastjson.loads_echo(compact, "prompt_token_ids", sent) == {
+        "choices": [{"prompt_token_ids": fastjson.AS_SENT, "text": "[5,6,7]"}]
+    }
+    # equal ids written otherwise, other ids, a longer list, the ids under another key: parsed as they stand
+    for data in (
+        b'{"choices": [{"prompt_token_ids": [5, 6, 7]}]}',
+        b'{"choices":[{"prompt_token_ids":[5,6,8]}]}',
+        b'{"choices":[{"prompt_token_ids":[5,6,7,8]}]}',
+        b'{"choices":[{"token_ids":[5,6,7]}]}',
+    ):
+        assert fastjson.loads_echo(data, "prompt_token_ids", sent) == json.loads(data)
+    # a string that spells the field out is escaped JSON: never taken for the field
+    quoted = json.dumps({"text": '"prompt_token_ids":[5,6,7]'}).encode()
+    assert fastjson.loads_echo(quoted, "prompt_token_ids", sent) == json.loads(quoted)
+    # every choice that echoes it
+    two = b'[{"prompt_token_ids":[5,6,7]},{"prompt_token_ids":[5,6,7]}]'
+    assert fastjson.loads_echo(two, "prompt_token_ids", sent) == [{"prompt_token_ids": fastjson.AS_SENT}] * 2

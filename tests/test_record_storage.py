@@ -22,6 +22,7 @@ from nemo_polar.proxy.store.records import (
     read_records,
     unpack_ids,
 )
+from nemo_polar.proxy.store.request_text import request_text, written_text
 from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 
@@ -177,3 +178,52 @@ def test_version_2_files_still_load(tmp_path: Path) -> None:
         r.model_dump(exclude={"schema_version"}) for r in records
     ]
     assert {r.schema_version for r in read_records(v2)} == {2}
+
+
+def test_a_continuation_s_proof_spares_the_comparison_and_a_void_one_is_compared(tmp_path: Path) -> None:
+    """The proxy notes that a continuation's prompt is its parent's prompt + sampled ids + more (``prove_extends``):
+    written as the same delta, digested by what it adds. A proof whose lists were replaced since is void: the prompt
+    is compared, and one that no longer extends its parent is stored whole."""
+    a, b, c = grown_session(3, 40)
+    b.prove_extends(a)
+    c.prove_extends(b)
+    c.prompt_token_ids = [*b.prompt_token_ids[:-1], 1, *c.prompt_token_ids[len(b.prompt_token_ids) :]]
+    path = write([a, b, c], tmp_path / "s.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[1]["prompt_from"]["keep"] == len(a.prompt_token_ids) + len(a.sampled_token_ids)
+    assert lines[1]["prompt_from"]["sha256"] == prompt_digest(b.prompt_token_ids)
+    assert "prompt_from" not in lines[2] and lines[2]["prompt_token_ids"] == c.prompt_token_ids
+    assert [r.model_dump() for r in read_records(path)] == [r.model_dump() for r in (a, b, c)]
+
+
+def test_a_request_s_text_written_from_the_one_before_is_the_standard_library_s() -> None:
+    """``written_text`` reuses the text of the request before where their fields' JSON agrees; the text is always
+    ``request_text``'s, whatever changed between the two."""
+    history = [{"role": "system", "content": "Ünïcode ✓ \u2028 \x7f"}, {"role": "user", "content": "go"}]
+    steps = [
+        {"model": "m", "messages": history, "tools": TOOLS, "temperature": 1e-05},
+        {
+            "model": "m",
+            "messages": [*history, {"role": "assistant", "content": "a"}],
+            "tools": TOOLS,
+            "temperature": 1e-05,
+        },
+        {"model": "m", "messages": [*history, {"role": "assistant", "content": "a"}, {"n": 1}], "tools": TOOLS},
+        {"model": "m", "messages": [*history, {"role": "assistant", "content": "a"}, {"n": True}], "tools": TOOLS},
+        {"model": "m", "messages": [*history, {"role": "assistant", "content": "a"}, {"n": 1.0}], "stream": True},
+        {"messages": [history[1]], "model": "m", "lone": "\ud800", "big": 2**70},
+        {"messages": [history[1], {"role": "tool", "content": "\ud800"}], "model": "m", "lone": "\ud800"},
+        {"messages": []},
+        {"messages": [history[0]]},
+        ["not", "an", "object"],
+        "a request that never parsed",
+    ]
+    before = None
+    for request in steps:
+        before = written_text(request, before)
+        assert before.text == request_text(request)
+    # what agreed was taken, not written again: the same tools' text, the history's text extended
+    first = written_text(steps[0])
+    second = written_text(steps[1], first)
+    assert second.fields["tools"][1] is first.fields["tools"][1]
+    assert second.fields["messages"][1].startswith(first.fields["messages"][1][:-1])

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from nemo_polar.engine.families import CallIdForm
 from nemo_polar.proxy import fastjson
@@ -39,6 +40,8 @@ class Message(BaseModel):
     # Ids the harness echoed for this assistant turn (tool-call ids, reasoning/message item ids, signatures).
     echo_ids: list[str] = Field(default_factory=list, exclude=True)
     source_call_id: str | None = Field(default=None, exclude=True)
+    _digest: bytes | None = PrivateAttr(default=None)  # digest(): a message is not changed once parsed
+    _template: dict[str, Any] | None = PrivateAttr(default=None)  # to_template(), made once
 
     def recorded(self) -> dict[str, Any]:
         """The message as a call record keeps it: what the harness got, plus the ids the model itself wrote for its
@@ -49,8 +52,24 @@ class Message(BaseModel):
                 dumped["template_id"] = call.template_id
         return out
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Message:
+        """A copy; one with fields changed (``update``) keeps none of what was made from the original's."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._digest = copy._template = None
+        return copy
+
     def to_template(self) -> dict[str, Any]:
-        """The OpenAI-chat message dict the engine's chat template renders."""
+        """The OpenAI-chat message dict the engine's chat template renders: made once, the same dict on every call
+        (a message is not changed once parsed), so that a session's next render knows it unchanged by identity. It
+        must not be changed: copy it to change it."""
+        private = self.__pydantic_private__
+        if private is not None and (made := private.get("_template")) is not None:
+            return made
+        self._template = self._template_dict()
+        return self._template
+
+    def _template_dict(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
             if self.reasoning:
@@ -74,6 +93,14 @@ class Tool(BaseModel):
     namespace: str | None = Field(
         default=None, description="the Responses `namespace` group it was declared in; its calls name it"
     )
+    _digest: bytes | None = PrivateAttr(default=None)  # digest(): a tool is not changed once parsed
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Tool:
+        """A copy; one with fields changed (``update``) keeps no digest of the original's."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._digest = None
+        return copy
 
     def to_template(self) -> dict[str, Any]:
         return {
@@ -247,13 +274,61 @@ class Conversation(BaseModel):
         return [t.to_template() for t in self.tools] or None
 
 
+def digest(item: Message | Tool) -> bytes:
+    """SHA-256 of a parsed message's or tool's JSON (sorted keys; the ids a harness invents are excluded), kept on it:
+    messages and tools are not changed once parsed, and a session's next request reuses them (``PrefixMemo``)."""
+    private = item.__pydantic_private__  # read as a dict: pydantic's attribute lookup costs ~1 us a message
+    if private is None or private.get("_digest") is None:
+        item._digest = hashlib.sha256(fastjson.dumps(item.model_dump(mode="json"), sort_keys=True)).digest()
+        return item._digest
+    return private["_digest"]
+
+
 def fingerprint(messages: list[Message], tools: list[Tool]) -> str:
-    """Stable digest of a normalised history (ids the harness invents are excluded)."""
-    payload = {
-        "messages": [m.model_dump(mode="json") for m in messages],
-        "tools": [t.model_dump(mode="json") for t in tools],
-    }
-    return hashlib.sha256(fastjson.dumps(payload, sort_keys=True)).hexdigest()
+    """Stable digest of a normalised history: of its messages' and tools' digests, each computed once."""
+    parts = [*map(digest, messages), b"|", *map(digest, tools)]
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+T = TypeVar("T")
+
+
+class PrefixMemo(Generic[T]):
+    """What a session's recent requests' item lists (messages, tools) parsed into, by the JSON they were parsed from.
+    A harness resends its whole history on every call: a list whose JSON starts with one parsed before (the items
+    written as the same JSON, compared as bytes: exact, and no walk over the items in Python) parses only the items
+    after those, reusing the results before them. A few lists are kept: a harness's side calls (a title, a summary)
+    carry histories of their own between its main calls."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._kept: list[tuple[bytes, list[T | None]]] = []  # (the items' JSON, one result per item), latest last
+
+    def parse(self, items: list[Any], one: Callable[[Any, int], T | None]) -> list[T]:
+        """``one(item, index)`` for each item (None: the item gives nothing), reusing the longest list seen before
+        whose items this list starts with; what ``one`` raises is raised, and nothing is kept."""
+        data = fastjson.dumps(items)
+        reused = max((results for seen, results in self._kept if json_list_extends(data, seen)), key=len, default=[])
+        results = [*reused, *(one(item, i) for i, item in enumerate(items[len(reused) :], len(reused)))]
+        others = [kept for kept in self._kept if kept[1] is not reused]
+        self._kept = [*others[len(others) - self.size + 1 :], (data, results)]
+        return [r for r in results if r is not None]
+
+
+class ParseMemos(dict[str, PrefixMemo[Any]]):
+    """A session's ``PrefixMemo`` by what they hold (an API's messages, its tools), each made on first use."""
+
+    def __missing__(self, key: str) -> PrefixMemo[Any]:
+        memo = self[key] = PrefixMemo()
+        return memo
+
+
+def json_list_extends(data: bytes, seen: bytes) -> bool:
+    """The JSON list ``data`` starts with the items of the JSON list ``seen``: JSON is read without looking ahead,
+    so the same bytes up to a comma or the end are the same items."""
+    if len(seen) <= 2:  # "[]": nothing to reuse
+        return False
+    return data == seen or (data.startswith(memoryview(seen)[:-1]) and data[len(seen) - 1 : len(seen)] == b",")
 
 
 def parts_text(content: Any, *, kinds: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:

@@ -75,11 +75,13 @@ class EngineClient:
     def _unreachable(self, exc: Exception) -> ProxyError:
         return ProxyError(502, f"engine unreachable at {self.base_url}: {exc!r}", code="engine_unreachable")
 
-    async def _post(self, path: str, body: dict[str, Any], probe: str | None = None) -> aiohttp.ClientResponse:
+    async def _post(
+        self, path: str, body: dict[str, Any], probe: str | None = None, raw: dict[str, bytes] | None = None
+    ) -> aiohttp.ClientResponse:
         """POST, once more if a pooled connection turned out closed before any response arrived. ``probe`` marks a
         request the proxy makes for itself, not for a harness (``X-Polar-Probe``), so an engine-side observer can
-        tell it from model calls."""
-        data = fastjson.dumps(body)
+        tell it from model calls. ``raw``: fields of the body already written as JSON (``fastjson.dumps_with``)."""
+        data = fastjson.dumps_with(body, raw) if raw else fastjson.dumps(body)
         headers = {"Content-Type": "application/json", **({PROBE_HEADER: probe} if probe else {})}
         for attempt in range(2):
             try:
@@ -91,24 +93,36 @@ class EngineClient:
                 raise self._unreachable(exc) from exc
         raise AssertionError("unreachable")
 
-    async def post_json(self, path: str, body: dict[str, Any], probe: str | None = None) -> dict[str, Any]:
-        resp = await self._post(path, body, probe)
+    async def post_json(
+        self,
+        path: str,
+        body: dict[str, Any],
+        probe: str | None = None,
+        *,
+        raw: dict[str, bytes] | None = None,
+        echo: tuple[str, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """The engine's JSON answer; ``echo`` (a field and the JSON sent for it) reads that field as
+        ``fastjson.AS_SENT`` where the engine echoed it byte for byte (``fastjson.loads_echo``)."""
+        resp = await self._post(path, body, probe, raw)
         try:
-            raw = await resp.read()
+            data = await resp.read()
         except aiohttp.ClientError as exc:
             raise ProxyError(502, f"engine connection lost: {exc!r}", code="engine_error") from exc
         finally:
             resp.release()
         if resp.status != 200:
-            raise engine_error(resp.status, raw.decode("utf-8", errors="replace"))
+            raise engine_error(resp.status, data.decode("utf-8", errors="replace"))
         try:
-            return fastjson.loads(raw)
+            return fastjson.loads_echo(data, *echo) if echo else fastjson.loads(data)
         except ValueError:
             raise ProxyError(502, f"engine answered {path} with invalid JSON", code="engine_error") from None
 
-    async def open_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def open_stream(
+        self, path: str, body: dict[str, Any], raw: dict[str, bytes] | None = None
+    ) -> aiohttp.ClientResponse:
         """POST a streaming request; returns the open response once the engine accepted it."""
-        resp = await self._post(path, body)
+        resp = await self._post(path, body, raw=raw)
         if resp.status != 200:
             try:
                 text = await resp.text()
@@ -190,8 +204,10 @@ def engine_error(status: int, text: str) -> ProxyError:
     return ProxyError(502, f"engine error {status}: {message[:500]}", code="engine_error")
 
 
-async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Yield the JSON ``data:`` payloads of an SSE response until ``[DONE]``."""
+async def sse_data(
+    resp: aiohttp.ClientResponse, echo: tuple[str, bytes] | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield the JSON ``data:`` payloads of an SSE response until ``[DONE]`` (``echo``: as in ``post_json``)."""
     try:
         async for raw in resp.content:
             line = raw.strip()
@@ -200,7 +216,7 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]
             data = line[5:].strip()
             if data == b"[DONE]":
                 return
-            payload = fastjson.loads(data)
+            payload = fastjson.loads_echo(data, *echo) if echo else fastjson.loads(data)
             if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
                 err = payload["error"]
                 detail = err.get("message") if isinstance(err, dict) else err

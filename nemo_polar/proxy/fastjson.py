@@ -6,6 +6,7 @@ is written by the standard library instead (as ASCII escapes), so no request fai
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import orjson
@@ -26,3 +27,33 @@ def loads(data: bytes | str) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data)
+
+
+def dumps_with(obj: dict[str, Any], raw: dict[str, bytes]) -> bytes:
+    """``obj`` as JSON with each field of ``raw`` given as JSON already written (a prompt's ids, serialised once and
+    then also what the engine's echo is compared with); ``raw`` wins over a field of the same name in ``obj``."""
+    head = dumps({k: v for k, v in obj.items() if k not in raw})
+    fields = b",".join(dumps(k) + b":" + v for k, v in raw.items())
+    if not fields:
+        return head
+    return head[:-1] + (b"," if len(head) > 2 else b"") + fields + b"}"
+
+
+# What loads_echo puts where a field's value was the bytes expected: a string no engine writes there (a nonce per
+# process), so reading it back proves that this field, and no other, held exactly those bytes.
+AS_SENT = f"polar:as-sent:{secrets.token_hex(8)}"
+_AS_SENT_JSON = orjson.dumps(AS_SENT)
+
+
+def loads_echo(data: bytes, key: str, sent: bytes) -> Any:
+    """Parsed JSON in which each ``key`` field whose value is, byte for byte, ``sent`` (itself a JSON value) reads
+    :data:`AS_SENT` instead, unparsed: an engine echoing the prompt's ids as the proxy wrote them (vLLM writes compact
+    JSON, as orjson does) costs a memory search, not a parse of every id and a comparison. Anything else (another
+    spacing, other ids) is parsed as it stands, for the caller to compare."""
+    needle = dumps(key) + b":"
+    pattern = needle + sent
+    spliced, start = [], 0
+    while (at := data.find(pattern, start)) >= 0:
+        spliced += [data[start : at + len(needle)], _AS_SENT_JSON]
+        start = at + len(pattern)
+    return loads(b"".join([*spliced, data[start:]]) if spliced else data)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_polar.proxy.conversation import Conversation
+from nemo_polar.proxy.conversation import Conversation, ParseMemos
 from nemo_polar.proxy.parse.output import Output, StreamEmitter
 from nemo_polar.proxy.store.records import Api
 
@@ -29,6 +29,9 @@ class ApiAdapter:
     """Streaming: ``(conversation, request body) -> the emitter`` of this API's SSE frames for one response."""
     new_tool_call_id: Callable[[], str]
     """A fresh id, in this API's format, for a tool call the model made."""
+    parse_reusing: Callable[[Any, ParseMemos], Conversation] | None = None
+    """``parse``, reusing what a session's earlier requests parsed into (its ``ParseMemos``): the same conversation,
+    parsing only the items a harness added to its history."""
     parse_count: Callable[[Any], Conversation] | None = None
     """The body of this API's token-count request (``/v1/messages/count_tokens``, ``:countTokens``), if it has one."""
     count_response: Callable[[int], dict[str, Any]] = lambda n: {"input_tokens": n}

@@ -6,7 +6,7 @@ from typing import Any
 
 from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, now, sse, validate
-from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall, parts_text
+from nemo_polar.proxy.conversation import Conversation, Message, ParseMemos, Tool, ToolCall, parts_text
 from nemo_polar.proxy.errors import bad_request
 from nemo_polar.proxy.parse.output import Output, StreamEmitter, new_id
 from nemo_polar.proxy.sampling import SamplingParams
@@ -19,7 +19,7 @@ _ROLE = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 class ChatRequest(Loose):
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[Any]  # each checked where it is parsed: validating every message here would copy them all
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     stream: bool | None = False
@@ -34,16 +34,19 @@ class ChatRequest(Loose):
     n: int | None = None
 
 
-def parse(body: Any) -> Conversation:
+def parse(body: Any, memos: ParseMemos | None = None) -> Conversation:
+    """The request as a conversation; with a session's ``memos``, only the messages and tools it adds are parsed."""
     req = validate(ChatRequest, body)
     if not req.messages:
         raise bad_request("messages must contain at least one message", param="messages")
     if req.n not in (None, 1):
         raise bad_request("only n=1 is supported", param="n")
-    messages: list[Message] = []
-    for i, raw in enumerate(req.messages):
-        messages.append(_message(raw, f"messages.{i}"))
-    tools = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools or []) if t.get("type", "function") == "function"]
+    if memos is None:
+        messages = [_message(raw, f"messages.{i}") for i, raw in enumerate(req.messages)]
+        tools = [t for t in (_function_tool(raw, i) for i, raw in enumerate(req.tools or [])) if t is not None]
+    else:
+        messages = memos["chat.messages"].parse(req.messages, lambda raw, i: _message(raw, f"messages.{i}"))
+        tools = memos["chat.tools"].parse(req.tools or [], _function_tool)
     return Conversation(
         model=req.model,
         messages=messages,
@@ -93,6 +96,10 @@ def _message(raw: Any, where: str) -> Message:
         tool_calls=calls,
         echo_ids=[c.id for c in calls if c.id],
     )
+
+
+def _function_tool(raw: dict[str, Any], i: int) -> Tool | None:
+    return _tool(raw, f"tools.{i}") if raw.get("type", "function") == "function" else None
 
 
 def _tool(raw: dict[str, Any], where: str) -> Tool:
@@ -221,5 +228,10 @@ class ChatStream(StreamEmitter):
 
 
 ADAPTER = ApiAdapter(
-    name="chat", parse=parse, build_response=build_response, stream=stream, new_tool_call_id=new_tool_call_id
+    name="chat",
+    parse=parse,
+    build_response=build_response,
+    stream=stream,
+    new_tool_call_id=new_tool_call_id,
+    parse_reusing=parse,
 )

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.conversation import Conversation, TemplateTraits, ToolCall, valid_template_id
 from nemo_polar.proxy.engine_client import EngineClient, EngineInfo, sse_data
 from nemo_polar.proxy.errors import ProxyError
@@ -29,7 +30,7 @@ from nemo_polar.proxy.parse.output import Output
 from nemo_polar.proxy.parse.parser import ParseEvent, StreamParser
 from nemo_polar.proxy.render.renderer import Renderer
 from nemo_polar.proxy.sampling import SamplingParams
-from nemo_polar.proxy.store.sessions import CallState, Session
+from nemo_polar.proxy.store.sessions import CallState, PromptMemo, Session
 
 KEEPALIVE = object()
 
@@ -46,6 +47,8 @@ class Plan:
     template: str | None = None  # how the chat template ran (continuation mode): messages:<n> or full:<why>
     system_messages: str | None = None  # how system messages were placed for the template (TemplateTraits)
     reasoning_open: bool = False  # the prompt ends inside a reasoning block its template opened
+    prompt_json: bytes | None = None  # those ids as the JSON sent for the body's prompt (continuation mode)
+    extends: bool = False  # the prompt is the parent's prompt + sampled ids + what is new (continuation)
 
 
 def _reasoning_open(prompt: list[int], info: EngineInfo) -> bool:
@@ -61,10 +64,17 @@ def _reasoning_open(prompt: list[int], info: EngineInfo) -> bool:
 
 
 def _last_index(ids: list[int], token: int) -> int:
-    try:
-        return len(ids) - 1 - ids[::-1].index(token)  # in C: the last turn is near the end of a long prompt
-    except ValueError:
-        return -1
+    """Index of the last ``token`` in ``ids``, or -1: searched in C over ever longer ends (the last turn is near the
+    end of a long prompt), never copying the whole list."""
+    width = 256
+    while True:
+        start = max(0, len(ids) - width)
+        end = ids[start:]
+        if token in end:
+            return len(ids) - 1 - end[::-1].index(token)
+        if start == 0:
+            return -1
+        width *= 8
 
 
 def _nth_after(ids: list[int], token: int, n: int) -> int | None:
@@ -101,13 +111,10 @@ async def plan(
     if mode == "continuation":
         full = await renderer.render(messages, tools, kwargs, session.token_cache)
         tokenize, template = session.token_cache.how, session.token_cache.template_how
-        prompt = full
         if parent is not None and session.config.history == "template":
             parent, reason = None, "template_history"
-        if parent is not None:
-            prompt, reason = _continue(parent, full, info.eot_id, info.eot_text)
-            if prompt is None:
-                parent, prompt = None, full
+        memo, parent, reason = _prompt(session, parent, reason, full, info)
+        prompt = memo.ids
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         opened = _reasoning_open(prompt, info)
         body = {**common, "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling.engine_fields()}
@@ -122,6 +129,8 @@ async def plan(
             template,
             placed,
             opened,
+            prompt_json=memo.json,
+            extends=parent is not None,
         )
 
     body = {
@@ -142,8 +151,11 @@ async def plan(
         prefix = parent.record.prompt_token_ids + parent.record.sampled_token_ids
         body["required_prefix_token_ids"] = prefix
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        messages[last]["prompt_token_ids"] = parent.record.prompt_token_ids
-        messages[last]["generation_token_ids"] = parent.record.sampled_token_ids
+        messages[last] = {  # a copy: the message's own dict is shared (Message.to_template)
+            **messages[last],
+            "prompt_token_ids": parent.record.prompt_token_ids,
+            "generation_token_ids": parent.record.sampled_token_ids,
+        }
     render_reason = f"engine_render:{reason}"
     return Plan(
         "/v1/chat/completions",
@@ -161,7 +173,25 @@ def _chat_tool_choice(choice: str) -> Any:
     return {"type": "function", "function": {"name": choice}}
 
 
-def _continue(parent: CallState, full: list[int], eot: int | None, eot_text: str) -> tuple[list[int] | None, str]:
+def _prompt(
+    session: Session, parent: CallState | None, reason: str, full: list[int], info: EngineInfo
+) -> tuple[PromptMemo, CallState | None, str]:
+    """The prompt (and its parent, and why) of a continuation-mode call: ``parent``'s continued where it can be, else
+    the whole render ``full``; kept as the session's ``last_prompt`` for its next call."""
+    memo = None
+    if parent is not None:
+        memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt)
+        if memo is None:
+            parent = None
+    session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
+    return session.last_prompt, parent, reason
+
+
+def _continue(
+    parent: CallState, full: list[int], eot: int | None, eot_text: str, last: PromptMemo | None
+) -> tuple[PromptMemo | None, str]:
+    """The prompt continuing ``parent`` (its prompt + sampled ids + the new part of ``full``), or None and why not.
+    Where ``last`` memoises the parent's prompt, only what is added is written as JSON and counted."""
     if eot is None:
         return None, "no_single_end_of_turn_token"
     rec = parent.record
@@ -170,14 +200,20 @@ def _continue(parent: CallState, full: list[int], eot: int | None, eot_text: str
     # would start inside the parent's turn: render the whole history afresh instead.
     if eot in rec.sampled_token_ids[:-1] or eot_text in (rec.output_text or ""):
         return None, "end_of_turn_in_sampled"
-    closed = rec.prompt_token_ids.count(eot) + 1  # the parent's context turns + the parent's own turn
+    known = last if last is not None and last.ids is rec.prompt_token_ids and last.token == eot else None
+    closed = (known.count if known and known.count >= 0 else rec.prompt_token_ids.count(eot)) + 1  # + its own turn
     cut = _nth_after(full, eot, closed)
     if cut is None or cut >= len(full):
         return None, "delta_render_failed"
-    sampled = list(rec.sampled_token_ids)
-    if not sampled or sampled[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
-        sampled.append(eot)
-    return rec.prompt_token_ids + sampled + full[cut:], "continuation"
+    added = list(rec.sampled_token_ids)
+    if not added or added[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
+        added.append(eot)
+    added += full[cut:]
+    prompt = rec.prompt_token_ids + added
+    # The JSON of a list of ints is its items' joined by commas: the parent's, then the added ones'
+    json = known.json[:-1] + b"," + fastjson.dumps(added)[1:] if known else fastjson.dumps(prompt)
+    # the sampled turn holds one end of turn (checked above, or appended)
+    return PromptMemo(prompt, json, eot, closed + full[cut:].count(eot)), "continuation"
 
 
 def _check_context(prompt_len: int, max_tokens: int | None, max_len: int | None) -> None:
@@ -219,7 +255,7 @@ class Generation:
         self.plan = the_plan
         self.conv = conv
         self.new_call_id = new_call_id
-        self.capture = Capture(prompt_token_ids=list(the_plan.prompt_token_ids))
+        self.capture = Capture(prompt_token_ids=the_plan.prompt_token_ids)  # read, never changed in place
         self.parser = StreamParser(param_types=conv.param_type, reasoning_open=the_plan.reasoning_open)
         self.output = Output()
         self._resp: aiohttp.ClientResponse | None = None
@@ -234,14 +270,21 @@ class Generation:
         if self._family_stream is not None:  # the worker may start (seconds): off the event loop
             self.family = await asyncio.to_thread(self._family_stream, list(self.plan.prompt_token_ids))
             self.plan.body["skip_special_tokens"] = self.family.skip_special_tokens
+        sent = self.plan.prompt_json
+        raw = {"prompt": sent} if sent is not None else None
         try:
             if self.plan.body.get("stream"):
-                self._resp = await self.engine.open_stream(self.plan.path, self.plan.body)
+                self._resp = await self.engine.open_stream(self.plan.path, self.plan.body, raw)
             else:
-                self._whole = await self.engine.post_json(self.plan.path, self.plan.body)
+                self._whole = await self.engine.post_json(self.plan.path, self.plan.body, raw=raw, echo=self._echo)
         except BaseException:  # refused by the engine: nothing will close this call later
             await self.close()
             raise
+
+    @property
+    def _echo(self) -> tuple[str, bytes] | None:
+        """The engine's echo of the prompt, read as ``fastjson.AS_SENT`` where it is the JSON sent byte for byte."""
+        return ("prompt_token_ids", self.plan.prompt_json) if self.plan.prompt_json is not None else None
 
     async def close(self) -> None:
         if self.family is not None:  # a call abandoned mid-sample (the harness went away) frees its parser too
@@ -264,7 +307,7 @@ class Generation:
         async def pump() -> None:
             assert self._resp is not None
             try:
-                async for chunk in sse_data(self._resp):
+                async for chunk in sse_data(self._resp, self._echo):
                     await queue.put(chunk)
                 await queue.put(done)
             except Exception as exc:  # handed to the consumer, which raises it in its own context
@@ -303,8 +346,11 @@ class Generation:
             cap.prompt_tokens = usage.get("prompt_tokens", cap.prompt_tokens)
         events: list[object] = []
         for choice in chunk.get("choices") or []:
-            if choice.get("prompt_token_ids"):  # completions: on the first choice chunk
-                engine_prompt = list(choice["prompt_token_ids"])
+            echoed = choice.get("prompt_token_ids")  # completions: on the first choice chunk
+            if echoed == fastjson.AS_SENT:
+                pass  # the ids sent, byte for byte (fastjson.loads_echo): the capture holds them already
+            elif echoed:
+                engine_prompt = list(echoed)
                 if cap.prompt_token_ids and engine_prompt != cap.prompt_token_ids:
                     raise ProxyError(502, "engine reports a different prompt than the one sent", code="prompt_mismatch")
                 cap.prompt_token_ids = engine_prompt

@@ -229,7 +229,8 @@ class LocalRenderer:
         messages only where ``SegmentedTemplate`` proves that enough; ``cache.template_how`` says which."""
         last = cache.template
         try:
-            keys = [fastjson.dumps(m) for m in messages]
+            keys = _keys(messages, last)
+            last.written = (list(messages), keys)  # the list as it is now: a caller may append to its own
             prepared = self.inputs.prepared(messages, keys, last.messages, last.prepared)
         except Exception as exc:  # a message transformers' preparation refuses: it raises the same again
             cache.template = TemplateCache()
@@ -355,6 +356,16 @@ class IncrementalEncoder:
         if k == 0:
             return 0, "full:no_boundary_in_common_prefix"
         return k, f"tail:{len(text) - cache.marks[k - 1][0]}"
+
+
+def _keys(messages: list[dict[str, Any]], last: TemplateCache) -> list[bytes]:
+    """Each message's JSON: the last render's where the message is the same dict (a conversation's messages hand the
+    template the same dict on every call and never change it: ``Message.to_template``), else written."""
+    before, keys = last.written
+    return [
+        keys[i] if i < len(before) and message is before[i] else fastjson.dumps(message)
+        for i, message in enumerate(messages)
+    ]
 
 
 def _segmented(template: Any) -> SegmentedTemplate | None:

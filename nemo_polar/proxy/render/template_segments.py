@@ -49,6 +49,8 @@ class TemplateCache:
     """One session's last render, as the next call needs it."""
 
     messages: list[bytes] = field(default_factory=list)  # each message as JSON (see ``_inputs``)
+    # the renderer's last message dicts and their JSON (what the next call's same dicts reuse)
+    written: tuple[list[Any], list[bytes]] = field(default_factory=lambda: ([], []))
     inputs: bytes = b""  # the tools and template arguments as JSON
     text: str = ""
     starts: list[int] = field(default_factory=list)  # where each message's iteration begins in ``text``

@@ -22,23 +22,29 @@ that is shorter); version 2 files (a JSON list, plain text) still load.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import os
-import sys
 import time
-import zlib
-from array import array
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from nemo_polar.proxy.render.prefix import common_prefix, common_suffix
 from nemo_polar.proxy.sampling import SamplingParams
+from nemo_polar.proxy.store.packing import (
+    RunningDigests,
+    int32le,
+    pack_ids,
+    pack_text,
+    prompt_digest,
+    unpack_ids,
+    unpack_text,
+)
+from nemo_polar.proxy.store.request_text import WrittenText, request_text, written_text
 
 Api = Literal["chat", "responses", "anthropic", "gemini"]
 Mode = Literal["continuation", "chat", "chat_prefix"]
@@ -151,6 +157,11 @@ class CallRecord(BaseModel):
             return True
         return None
 
+    def prove_extends(self, parent: CallRecord) -> None:
+        """Note that this prompt was built as ``parent``'s prompt + sampled ids + more (continuation), so that its
+        writer stores it as what it adds without comparing (``extends``; void once either list is replaced)."""
+        self._extends = (parent.prompt_token_ids, parent.sampled_token_ids, self.prompt_token_ids)
+
     @model_validator(mode="after")
     def _refuse_a_newer_record(self) -> CallRecord:
         if (why := newer_schema_error(self.schema_version)) is not None:
@@ -169,55 +180,6 @@ class CallRecord(BaseModel):
         self.complete = False
         self.finished_at = time.time()
         return self
-
-
-def _int32le(ids: list[int]) -> bytes:
-    packed = array("i", ids)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def prompt_digest(ids: list[int]) -> str:
-    """SHA-256 of the ids as little-endian int32: what a stored prompt is checked against when rebuilt."""
-    return hashlib.sha256(_int32le(ids)).hexdigest()
-
-
-def pack_ids(ids: list[int]) -> str:
-    """Token ids as base64 of zlib-compressed little-endian int32: ~2-2.5 bytes a token of real text on disk, where
-    a JSON list takes ~4.6 (and 7 for ids past 100k)."""
-    return _deflate(_int32le(ids))
-
-
-def unpack_ids(text: str) -> list[int]:
-    raw = _inflate(text)
-    if len(raw) % 4:
-        raise ValueError("packed ids are not a whole number of int32")
-    ids = array("i")
-    ids.frombytes(raw)
-    if sys.byteorder != "little":
-        ids.byteswap()
-    return ids.tolist()
-
-
-def _deflate(raw: bytes) -> str:
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
-
-
-def _inflate(packed: str) -> bytes:
-    try:
-        return zlib.decompress(base64.b64decode(packed, validate=True))
-    except zlib.error as exc:
-        raise ValueError(f"does not decompress: {exc}") from None
-
-
-def pack_text(text: str) -> str:
-    """An ASCII text zlib-compressed, as base64 (a tool's output or a file a harness resends: 2-4x smaller)."""
-    return _deflate(text.encode("ascii"))
-
-
-def unpack_text(packed: str) -> str:
-    return _inflate(packed).decode("ascii")
 
 
 class PromptDelta(BaseModel):
@@ -261,29 +223,44 @@ class RequestDelta(BaseModel):
         return self.text if self.text is not None else unpack_text(self.text_z or "")
 
 
-def request_text(request: Any) -> str:
-    """One canonical JSON text of a request (ASCII: escapes survive any encoding)."""
-    return json.dumps(request, separators=(",", ":"))
-
-
+T = TypeVar("T")
 MIN_REQUEST_SHARED = 256  # characters a delta must save to be worth its indirection
 
 
-def _prompt_delta(record: CallRecord, parent: CallRecord) -> PromptDelta | None:
+def _starts_with(prompt: list[int], parent: CallRecord, keep: int) -> bool:
+    """``prompt`` starts with the first ``keep`` of ``parent``'s prompt + sampled ids (compared in place)."""
+    before = parent.prompt_token_ids
+    if keep <= len(before):
+        return prompt[:keep] == before[:keep]
+    return (
+        prompt[: len(before)] == before and prompt[len(before) : keep] == parent.sampled_token_ids[: keep - len(before)]
+    )
+
+
+def _prompt_delta(record: CallRecord, parent: CallRecord, digests: RunningDigests) -> tuple[PromptDelta | None, Any]:
+    """The prompt as what it adds to ``parent``'s prompt + sampled ids (or, failing that, to its prompt), and the
+    running hash of the whole prompt. Continuation proves the first (``CallRecord.extends``) without comparing."""
     prompt = record.prompt_token_ids
-    for base in (parent.prompt_token_ids + parent.sampled_token_ids, parent.prompt_token_ids):
-        if base and prompt[: len(base)] == base:
-            tail = pack_ids(prompt[len(base) :])
-            return PromptDelta(call=parent.call_id, keep=len(base), tail_z=tail, sha256=prompt_digest(prompt))
-    return None
+    whole = len(parent.prompt_token_ids) + len(parent.sampled_token_ids)
+    for keep, sampled in ((whole, True), (len(parent.prompt_token_ids), False)):
+        if not keep or keep > len(prompt):
+            continue
+        if (sampled and record.extends(parent)) or _starts_with(prompt, parent, keep):
+            tail = prompt[keep:]
+            running = digests.after(parent.call_id, sampled).copy()
+            running.update(int32le(tail))
+            delta = PromptDelta(call=parent.call_id, keep=keep, tail_z=pack_ids(tail), sha256=running.hexdigest())
+            return delta, running
+    return None, hashlib.sha256(int32le(prompt))
 
 
 def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _request_delta(text: str, before: str, parent: CallRecord) -> RequestDelta | None:
-    """``text`` (a request text) as a delta of ``before``, the request text written for ``parent``."""
+def _request_delta(text: str, digest: str, before: str, parent: CallRecord) -> RequestDelta | None:
+    """``text`` (a request text, ``digest`` its ``_text_digest``) as a delta of ``before``, the request text written
+    for ``parent``."""
     prefix = common_prefix(before, text)
     suffix = common_suffix(before, text, min(len(before), len(text)) - prefix)
     if prefix + suffix < MIN_REQUEST_SHARED:
@@ -291,21 +268,21 @@ def _request_delta(text: str, before: str, parent: CallRecord) -> RequestDelta |
     middle = text[prefix : len(text) - suffix]
     packed = pack_text(middle)
     stored = {"text_z": packed} if len(packed) < len(middle) else {"text": middle}
-    return RequestDelta(call=parent.call_id, prefix=prefix, suffix=suffix, sha256=_text_digest(text), **stored)
+    return RequestDelta(call=parent.call_id, prefix=prefix, suffix=suffix, sha256=digest, **stored)
 
 
-class _RecentTexts:
+class _RecentTexts(Generic[T]):
     """The request texts of the last few records written or read (a session's next call almost always extends the
     last one): the parent's text without serialising its request again. Few, since each is a whole history."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._texts: dict[str, str] = {}
+        self._texts: dict[str, T] = {}
 
-    def get(self, call_id: str) -> str | None:
+    def get(self, call_id: str) -> T | None:
         return self._texts.get(call_id)
 
-    def put(self, call_id: str, text: str) -> None:
+    def put(self, call_id: str, text: T) -> None:
         self._texts[call_id] = text
         while len(self._texts) > self.size:
             del self._texts[next(iter(self._texts))]
@@ -324,7 +301,8 @@ class RecordWriter:
         self._lock = asyncio.Lock()
         self._written: dict[str, CallRecord] = {}  # by call id: what a later prompt may be stored against
         self._request_digests: dict[str, str] = {}  # by call id: the digest of the request text written for it
-        self._texts = _RecentTexts()
+        self._texts: _RecentTexts[WrittenText] = _RecentTexts()
+        self._digests = RunningDigests()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -333,16 +311,21 @@ class RecordWriter:
         extend them."""
         parent = self._written.get(record.parent_call_id or "")
         self._written[record.call_id] = record
-        text = None if record.request is None else request_text(record.request)
-        if text is not None:
-            self._request_digests[record.call_id] = _text_digest(text)
-            self._texts.put(record.call_id, text)
+        text = None
+        if record.request is not None:
+            written = written_text(record.request, self._texts.get(record.parent_call_id or ""))
+            text = written.text
+            self._request_digests[record.call_id] = digest = _text_digest(text)
+            self._texts.put(record.call_id, written)
         stored: dict[str, BaseModel] = {}
+        prompt, running = _prompt_delta(record, parent, self._digests) if parent else (None, None)
+        running = running or hashlib.sha256(int32le(record.prompt_token_ids))
+        self._digests.keep(record.call_id, record.sampled_token_ids, running)
         if parent is not None:
-            if (prompt := _prompt_delta(record, parent)) is not None:
+            if prompt is not None:
                 stored["prompt_from"] = prompt
             before = self._parent_text(parent)
-            if text is not None and before is not None and (request := _request_delta(text, before, parent)):
+            if text is not None and before is not None and (request := _request_delta(text, digest, before, parent)):
                 stored["request_from"] = request
         if not stored:
             return record.model_dump_json() + "\n"
@@ -354,8 +337,8 @@ class RecordWriter:
     def _parent_text(self, parent: CallRecord) -> str | None:
         """The request text written for ``parent``, or None when there is none or its request has changed in memory
         since (a reader rebuilds from what was written)."""
-        if (text := self._texts.get(parent.call_id)) is not None:
-            return text
+        if (written := self._texts.get(parent.call_id)) is not None:
+            return written.text
         digest = self._request_digests.get(parent.call_id)
         if parent.request is None or digest is None:
             return None
@@ -393,7 +376,7 @@ class RecordReader:
     def __init__(self, verify: bool = True) -> None:
         self.verify = verify
         self._seen: dict[str, CallRecord] = {}
-        self._texts = _RecentTexts()
+        self._texts: _RecentTexts[str] = _RecentTexts()
 
     def decode(self, data: Any) -> CallRecord:
         """A parsed line; raises ValueError saying what is wrong with it."""

@@ -20,7 +20,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from nemo_polar.proxy.conversation import CallIdForm, Conversation, Message, fingerprint, script_call_id
+from nemo_polar.proxy.conversation import (
+    CallIdForm,
+    Conversation,
+    Message,
+    ParseMemos,
+    fingerprint,
+    script_call_id,
+)
 from nemo_polar.proxy.render.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
 from nemo_polar.proxy.store.records import CallRecord, History, Mode, RecordWriter, read_records
@@ -123,6 +130,17 @@ class CallState:
 
 
 @dataclass
+class PromptMemo:
+    """A session's last planned prompt (continuation mode): the list itself, its JSON as sent, how many of a token
+    (the end of turn) it holds. The next call's prompt extends it: only what that adds is written and counted."""
+
+    ids: list[int]
+    json: bytes
+    token: int | None
+    count: int
+
+
+@dataclass
 class Session:
     id: str
     api_key: str
@@ -140,6 +158,10 @@ class Session:
     delivering: set[str] = field(default_factory=set)
     token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
     forced: dict[int, dict[str, Any]] = field(default_factory=dict)  # script position -> its turn's ids (scripted)
+    last_prompt: PromptMemo | None = None
+    memos: ParseMemos = field(default_factory=ParseMemos)  # what recent requests parsed into, for the next to reuse
+    # call id -> its output as echoed turns are restored to (one copy, shared: messages are not changed once parsed)
+    restored: dict[str, Message] = field(default_factory=dict)
 
     def answered_calls(self) -> int:
         """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A
@@ -156,9 +178,10 @@ class Session:
             if call_id is None and not msg.tool_calls and msg.content:
                 call_id = self.text_index.get(msg.content)
             state = self.calls.get(call_id) if call_id else None
-            if state is not None:
-                restored = state.output.model_copy(deep=True)
-                restored.source_call_id = call_id
+            if state is not None and call_id is not None:
+                if (restored := self.restored.get(call_id)) is None:
+                    restored = self.restored[call_id] = state.output.model_copy(deep=True)
+                    restored.source_call_id = call_id
                 conv.messages[i] = restored
 
     def _echoed_call(self, msg: Message) -> str | None:

@@ -1,0 +1,140 @@
+"""A harness resends its whole history on every call; the proxy parses only what a request adds to a history it
+parsed before (``PrefixMemo``: the items' JSON compared as bytes), and the conversation is the one a whole parse
+gives. Histories are compared by digests each message and tool keeps (``fingerprint``). A continuation's prompt
+extends its parent's: its JSON and its end-of-turn count are the parent's plus what it adds (``PromptMemo``)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from nemo_polar.proxy import fastjson
+from nemo_polar.proxy.apis import chat
+from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, fingerprint
+from nemo_polar.proxy.errors import ProxyError
+from nemo_polar.proxy.generate.generation import _continue
+from nemo_polar.proxy.render.renderer import _keys
+from nemo_polar.proxy.render.template_segments import TemplateCache
+from nemo_polar.proxy.store.records import CallRecord
+from nemo_polar.proxy.store.sessions import CallState, PromptMemo
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "custom", "custom": {"name": "apply_patch"}},  # not a function: gives no tool
+]
+
+
+def body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] = TOOLS) -> dict[str, Any]:
+    return {"model": "m", "messages": copy.deepcopy(messages), "tools": copy.deepcopy(tools)}
+
+
+def call(i: int, call_id: Any = None) -> list[dict[str, Any]]:
+    ident = call_id if call_id is not None else f"call_{i}"
+    turn = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": ident, "type": "function", "function": {"name": "bash", "arguments": f'{{"n":{i}}}'}}]}  # fmt: skip
+    return [turn, {"role": "tool", "tool_call_id": ident, "content": f"output {i} Ünïcode"}]
+
+
+def test_a_growing_history_parses_only_what_it_adds_and_gives_the_same_conversation() -> None:
+    memos = ParseMemos()
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]
+    side = [{"role": "user", "content": "a title for this session"}]  # a side call between main calls
+    last: list[Message] = []
+    for i in range(6):
+        history += call(i)
+        conv = chat.parse(body(history), memos)
+        assert conv == chat.parse(body(history))
+        assert all(a is b for a, b in zip(conv.messages, last, strict=False))  # what was parsed before is reused
+        assert conv.messages[len(last)] is not (last[-1] if last else None)
+        last = conv.messages
+        assert chat.parse(body(side), memos) == chat.parse(body(side))
+    # history rewritten mid-way, or an item the same as a Python value but not as JSON: parsed afresh
+    for changed in (
+        [*history[:3], {**history[3], "content": "compacted"}, *history[4:]],
+        [*history[:2], *call(0, call_id=1), *history[4:]],
+        [*history[:2], *call(0, call_id=True), *history[4:]],
+    ):
+        conv = chat.parse(body(changed), memos)
+        assert conv == chat.parse(body(changed))
+        assert conv.messages[2] is not last[2]
+    assert chat.parse(body(history[:2], tools=[]), memos).tools == []
+
+
+def test_a_request_that_fails_to_parse_keeps_nothing() -> None:
+    memos = ParseMemos()
+    good = [{"role": "user", "content": "hi"}]
+    first = chat.parse(body(good), memos).messages[0]
+    with pytest.raises(ProxyError):
+        chat.parse(body([*good, {"role": "robot", "content": "x"}]), memos)
+    assert chat.parse(body([*good, {"role": "user", "content": "again"}]), memos).messages[0] is first
+
+
+def test_fingerprints_tell_histories_apart_by_every_message_and_tool() -> None:
+    conv = chat.parse(body([{"role": "user", "content": "hi"}, *call(0), *call(1)]))
+    same = chat.parse(body([{"role": "user", "content": "hi"}, *call(0), *call(1)]))
+    assert fingerprint(conv.messages, conv.tools) == fingerprint(same.messages, same.tools)
+    base = fingerprint(conv.messages, conv.tools)
+    assert fingerprint(conv.messages[:-1], conv.tools) != base
+    assert fingerprint(conv.messages, []) != base
+    assert fingerprint(conv.messages[1:], conv.tools) != base
+    other = [*conv.messages[:-1], Message(role="tool", content="output 1 changed", tool_call_id="call_1")]
+    assert fingerprint(other, conv.tools) != base
+    swapped = [conv.messages[0], conv.messages[3], conv.messages[4], conv.messages[1], conv.messages[2]]
+    assert fingerprint(swapped, conv.tools) != base
+    assert fingerprint(conv.messages, [Tool(name="bash", description="runs")]) != base
+    # the harness's own ids are no part of a history
+    renamed = [m.model_copy(update={"echo_ids": ["x"], "source_call_id": "c"}) for m in conv.messages]
+    assert fingerprint(renamed, conv.tools) == base
+
+
+EOT = 9
+
+
+@pytest.mark.parametrize("sampled", [[5, 6, EOT], [5, 6]])  # a turn the engine closed, and one cut short
+def test_a_continuation_s_prompt_json_and_count_extend_its_parent_s(sampled: list[int]) -> None:
+    parent_prompt = [1, EOT, 2, 3, EOT, 4]
+    rec = CallRecord(
+        call_id="c1", session_id="s", api="chat", mode="continuation", request=None, started_at=0.0,
+        prompt_token_ids=parent_prompt, sampled_token_ids=sampled, complete=True,
+    )  # fmt: skip
+    state = CallState(rec, "", Message(role="assistant", content="x"))
+    full = [1, EOT, 2, 3, EOT, 4, 5, 6, EOT, 7, 8, EOT, 10]  # the whole history rendered afresh
+    memo = PromptMemo(parent_prompt, fastjson.dumps(parent_prompt), EOT, parent_prompt.count(EOT))
+    unknown = PromptMemo(list(parent_prompt), b"[0]", EOT, 0)  # another list: not this parent's prompt
+    results = [_continue(state, full, EOT, "<eot>", last) for last in (memo, None, unknown)]
+    expected = [*parent_prompt, *sampled, *([] if sampled[-1] == EOT else [EOT]), 7, 8, EOT, 10]
+    for made, reason in results:
+        assert reason == "continuation" and made is not None
+        assert made.ids == expected and made.json == fastjson.dumps(expected)
+        assert made.count == expected.count(EOT) and made.token == EOT
+
+
+def test_a_message_hands_the_template_one_dict_and_the_next_render_writes_only_new_ones() -> None:
+    conv = chat.parse(body([{"role": "user", "content": "hi"}, *call(0)]))
+    dicts = conv.template_messages()
+    assert [m.to_template() for m in conv.messages] == dicts and conv.template_messages()[1] is dicts[1]
+    assert dicts[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"n":0}'}}],
+    }
+    last = TemplateCache()
+    first = _keys(dicts, last)
+    assert first == [fastjson.dumps(m) for m in dicts]
+    last.written = (dicts, first)
+    changed = {**dicts[2], "content": "other"}  # an equal-looking position, another dict: written again
+    again = _keys([*dicts[:2], changed, {"role": "user", "content": "new"}], last)
+    assert again[0] is first[0] and again[1] is first[1]
+    assert again[2] == fastjson.dumps(changed) and again[3] == fastjson.dumps({"role": "user", "content": "new"})
+
+
+def test_a_copy_with_changed_fields_is_digested_and_templated_afresh() -> None:
+    message = Message(role="user", content="hi")
+    tool = Tool(name="bash")
+    before = fingerprint([message], [tool]), message.to_template()
+    edited, renamed = message.model_copy(update={"content": "bye"}), tool.model_copy(update={"name": "sh"})
+    assert edited.to_template() == {"role": "user", "content": "bye"} and before[1] == {"role": "user", "content": "hi"}
+    assert fingerprint([edited], [tool]) != before[0] and fingerprint([message], [renamed]) != before[0]
+    assert fingerprint([message.model_copy(deep=True)], [tool.model_copy()]) == before[0]
