@@ -31,7 +31,10 @@ async def run(
 ) -> tuple[float, int, list[SessionOutcome]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
     gw = ChatLoopGateway(config, proxy_client)
-    gw.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=sessions))  # one pool for all sessions
+    # One pool for all sessions, keeping every connection: a sync pool that closes surplus idle ones can close one it
+    # just handed to a waiting thread (encode/httpcore#1110), which a session sees as EBADF.
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    gw.http = httpx.Client(timeout=600, limits=limits)
     inst = bundled_instances()[0]
     options = {"turns": turns, "max_tokens": 8, "hold_s": hold}
     t0 = time.monotonic()

@@ -40,7 +40,8 @@ def rss_mb(pid: int | str = "self") -> float:
 
 
 def pooled() -> httpx.Client:
-    return httpx.Client(timeout=600, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    # no cap on idle connections: a sync pool closing surplus ones races its waiting threads (encode/httpcore#1110)
+    return httpx.Client(timeout=600, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
 
 
 class Soak:

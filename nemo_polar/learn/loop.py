@@ -156,7 +156,9 @@ class Learner:
         self.cfg = cfg
         self.proxy = proxy
         self.served = served
-        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=cfg.concurrency))
+        # every connection kept: a sync pool closing surplus idle ones races its waiting threads (encode/httpcore#1110)
+        limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+        self.http = httpx.Client(timeout=600, limits=limits)
 
     def chat(self, key: str, messages: list[dict[str, str]], seed: int) -> str:
         """One chat call through the proxy, as an OpenAI client sends it. ``seed`` makes the engine's sampling of

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import threading
 import time
@@ -54,6 +55,9 @@ from nemo_polar.proxy.http.pool import ProxyPool, admission, session_proxy, unre
 from nemo_polar.rewards.grader import GradeResult
 
 T = TypeVar("T")
+
+
+log = logging.getLogger("nemo_polar.gateway")
 
 
 class _Job:
@@ -252,6 +256,7 @@ class Gateway:
         try:
             job.session = await self._blocking(self.run_harness, job.request, job.attempt, budget, job.cancel)
         except Exception as exc:
+            log.warning("%s: the harness run raised", job.request.request_id, exc_info=True)
             self._finish(job, "failed", await self._run_failure(job.request, exc))
             return
         if self._stopped(job):

@@ -23,11 +23,14 @@ _client_lock = threading.Lock()
 def _http() -> httpx.Client:
     """One pooled client per process for every admin call: a client per call costs ~30 ms of CPU (its TLS context),
     more than a lightweight session itself. Module-level, so a ProxyClient stays a plain picklable model (Ray).
-    Made under a lock: hundreds of session threads reach it at once, and each must get the same client."""
+    Made under a lock: hundreds of session threads reach it at once, and each must get the same client.
+    No cap on idle connections (they close after the keep-alive expiry): httpcore's sync pool, closing a surplus idle
+    connection, can close one it has just handed to a waiting thread (encode/httpcore#1110, httpcore 1.0.9), which
+    failed 2 of 1,000 concurrent sessions with EBADF in bench.capacity."""
     global _client
     with _client_lock:
         if _client is None:
-            _client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            _client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         return _client
 
 
