@@ -5,7 +5,7 @@ calls and waits ``--hold`` seconds after each (simulated tool time: a real agent
 tools, which is what lets many sessions share one engine). The peak is sampled from the gateway's own stage depths;
 records are counted from the proxy's durable record files. The last line is the peak and the lost records.
 
-    python -m bench.capacity [--sessions 256] [--turns 3] [--hold 4]
+    python -m bench.capacity [--sessions 1000] [--turns 3] [--hold 4]
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import json
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
 
 from bench.common import engine, proxy, report
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
@@ -31,10 +29,6 @@ async def run(
 ) -> tuple[float, int, list[SessionOutcome]]:
     config = GatewayConfig(state_dir=state, init_workers=8, run_slots=sessions, post_workers=8, ready_buffer=sessions)
     gw = ChatLoopGateway(config, proxy_client)
-    # One pool for all sessions, keeping every connection: a sync pool that closes surplus idle ones can close one it
-    # just handed to a waiting thread (encode/httpcore#1110), which a session sees as EBADF.
-    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    gw.http = httpx.Client(timeout=600, limits=limits)
     inst = bundled_instances()[0]
     options = {"turns": turns, "max_tokens": 8, "hold_s": hold}
     t0 = time.monotonic()
@@ -50,7 +44,6 @@ async def run(
             peak = max(peak, gw.depths()["run"])
             await asyncio.sleep(0.05)
         outcomes = [f.result() for f in futures]
-    gw.http.close()
     for o in outcomes:
         if o.status != "published":
             print(f"{o.request_id}: {o.status} ({o.verdict.kind}): {o.verdict.reason}")
@@ -59,7 +52,7 @@ async def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--hold", type=float, default=4.0, help="seconds after each call (simulated tool time)")
     args = parser.parse_args()

@@ -125,12 +125,12 @@ SPECS: dict[str, Spec] = {
         0.9,
     ),
     "capacity": Spec(
-        "256 lightweight sessions (3 real chat calls, 4 s of simulated tool time after each) on one gateway + proxy",
+        "1,000 lightweight sessions (3 real chat calls, 4 s of simulated tool time after each) on one gateway + proxy",
         "python -m bench.capacity",
-        "≥ 256 sessions in RUN at once, all published, no lost record",
-        lambda f: f["peak_in_run"] >= 256 and f["published"] == f["sessions"] and f["lost_records"] == 0,
+        "≥ 1,000 sessions in RUN at once, all published, no lost record",
+        lambda f: f["peak_in_run"] >= 1000 and f["published"] == f["sessions"] and f["lost_records"] == 0,
         [("peak in RUN", "peak_in_run"), ("published", "published")],
-        256,
+        1000,
     ),
     "grade_bwrap": Spec(
         "the 12 bundled instances (gold patches) graded with swebench in fresh bwrap sandboxes, rounds alternating",

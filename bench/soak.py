@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.common import cpu_seconds, engine, proxy, report
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
@@ -37,11 +35,6 @@ def rss_mb(pid: int | str = "self") -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def pooled() -> httpx.Client:
-    # no cap on idle connections: a sync pool closing surplus ones races its waiting threads (encode/httpcore#1110)
-    return httpx.Client(timeout=600, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
 
 
 class Soak:
@@ -64,7 +57,6 @@ class Soak:
             state_dir=self.state, init_workers=2, run_slots=a.window, post_workers=2, ready_buffer=a.window
         )
         gw = ChatLoopGateway(config, self.proxy_client)
-        gw.http = pooled()
         inst = bundled_instances()[0]
         options = {"turns": a.turns, "max_tokens": a.max_tokens}
         pending: set[asyncio.Future[SessionOutcome]] = set()

@@ -19,14 +19,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, Field
 
 from nemo_polar.engine.launcher import resolve_model
 from nemo_polar.env.runtime.verdict import VerdictPolicy, cross_version
 from nemo_polar.learn.tasks import Task, split
 from nemo_polar.learn.trainer import TrainerProcess, start_engine, sync_weights
-from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient, thread_client
 from nemo_polar.proxy.http.config import ProxyConfig
 from nemo_polar.proxy.http.serve import ProxyServer
 from nemo_polar.proxy.store.records import CallRecord
@@ -156,9 +155,6 @@ class Learner:
         self.cfg = cfg
         self.proxy = proxy
         self.served = served
-        # every connection kept: a sync pool closing surplus idle ones races its waiting threads (encode/httpcore#1110)
-        limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
-        self.http = httpx.Client(timeout=600, limits=limits)
 
     def chat(self, key: str, messages: list[dict[str, str]], seed: int) -> str:
         """One chat call through the proxy, as an OpenAI client sends it. ``seed`` makes the engine's sampling of
@@ -170,9 +166,8 @@ class Learner:
             "max_tokens": self.cfg.max_tokens,
             "seed": seed,
         }
-        resp = self.http.post(
-            f"{self.proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-        )
+        headers = {"authorization": f"Bearer {key}"}  # on this thread's client (thread_client: one pool per thread)
+        resp = thread_client().post(f"{self.proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=600)
         if resp.is_error:  # the proxy's own words say which part failed (engine, prompt check, session)
             raise RuntimeError(f"the proxy answered {resp.status_code}: {resp.text[:1000]}")
         return resp.json()["choices"][0]["message"]["content"] or ""

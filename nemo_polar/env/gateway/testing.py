@@ -9,7 +9,6 @@ instant grade. It measures the gateway, the proxy and the engine — not how fas
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -20,7 +19,7 @@ from nemo_polar.env.gateway.gateway import Gateway
 from nemo_polar.env.gateway.models import SessionRequest
 from nemo_polar.env.runtime.attempt import AttemptDir
 from nemo_polar.env.runtime.session import SessionResult, close_quietly, write_session
-from nemo_polar.proxy.http.client import ProxyClient
+from nemo_polar.proxy.http.client import ProxyClient, thread_client
 from nemo_polar.proxy.http.pool import session_proxy
 from nemo_polar.rewards.grader import GradeResult
 
@@ -56,28 +55,25 @@ def chat_loop(
     request: SessionRequest,
     attempt: AttemptDir,
     cancel: threading.Event,
-    http: httpx.Client | None = None,
 ) -> SessionResult:
-    """One session's loop; ``http``: a shared client for the chat calls (else one is opened for the session)."""
+    """One session's loop, its chat calls on this thread's pooled client (``thread_client``)."""
     options = request.harness_options
     meta = {"request_id": request.request_id}
     config = {"sampling_overrides": {"max_tokens": options.get("max_tokens", 8)}, "metadata": meta}
     session_id, key = proxy.create_session(config)
     history = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
     try:
-        with contextlib.ExitStack() as stack:
-            client = http or stack.enter_context(httpx.Client(timeout=600))
-            for turn in range(options.get("turns", 2)):
-                if cancel.is_set():
-                    break
-                body = {"model": "local-model", "messages": history, "stream": turn % 2 == 1}
-                resp = client.post(
-                    f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-                )
-                resp.raise_for_status()
-                reply = {"role": "assistant", "content": reply_text(resp)}
-                history += [reply, {"role": "user", "content": f"ok {turn}"}]
-                time.sleep(options.get("hold_s", 0.0))
+        client = thread_client()
+        for turn in range(options.get("turns", 2)):
+            if cancel.is_set():
+                break
+            body = {"model": "local-model", "messages": history, "stream": turn % 2 == 1}
+            headers = {"authorization": f"Bearer {key}"}
+            resp = client.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+            resp.raise_for_status()
+            reply = {"role": "assistant", "content": reply_text(resp)}
+            history += [reply, {"role": "user", "content": f"ok {turn}"}]
+            time.sleep(options.get("hold_s", 0.0))
         records = proxy.records(session_id)
     finally:
         close_quietly(proxy, session_id)
@@ -100,10 +96,6 @@ def chat_loop(
 class ChatLoopGateway(Gateway):
     """The real gateway (pools, budgets, cancellation, state, delivery) with chat-loop sessions and instant grades."""
 
-    # Shared by all sessions when set (thread-safe, pooled): opening an httpx client costs ~30 ms of CPU (its TLS
-    # context), which at soak rates is more than the session itself.
-    http: httpx.Client | None = None
-
     def prepare(self, request: SessionRequest, attempt: AttemptDir) -> InstantGrade:
         attempt.root.mkdir(parents=True, exist_ok=True)
         return InstantGrade(request.instance.instance_id)
@@ -112,4 +104,4 @@ class ChatLoopGateway(Gateway):
         self, request: SessionRequest, attempt: AttemptDir, budget: float, cancel: threading.Event
     ) -> SessionResult:
         proxy = request.proxy or session_proxy(self.proxy, request.request_id)
-        return chat_loop(proxy, request, attempt, cancel, self.http)
+        return chat_loop(proxy, request, attempt, cancel)

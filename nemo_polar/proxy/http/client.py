@@ -16,22 +16,25 @@ from pydantic import BaseModel, Field
 
 from nemo_polar.proxy.store.records import CallRecord
 
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
+_local = threading.local()
+_ssl_lock = threading.Lock()
+_ssl: list[object] = []  # the one SSL context every thread's client reuses, made on first use
 
 
-def _http() -> httpx.Client:
-    """One pooled client per process for every admin call: a client per call costs ~30 ms of CPU (its TLS context),
-    more than a lightweight session itself. Module-level, so a ProxyClient stays a plain picklable model (Ray).
-    Made under a lock: hundreds of session threads reach it at once, and each must get the same client.
-    No cap on idle connections (they close after the keep-alive expiry): httpcore's sync pool, closing a surplus idle
-    connection, can close one it has just handed to a waiting thread (encode/httpcore#1110, httpcore 1.0.9), which
-    failed 2 of 1,000 concurrent sessions with EBADF in bench.capacity."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
-        return _client
+def thread_client() -> httpx.Client:
+    """This thread's pooled HTTP client, for admin calls and load generators alike. One per thread, not one shared:
+    httpcore's sync pool, used by many threads, can close a connection it has just handed to another (closing a
+    surplus or expired idle one: encode/httpcore#1110, httpcore 1.0.9), which failed 2-6 of 1,000 concurrent
+    sessions with EBADF in bench.capacity. The clients share one SSL context (building one costs ~30 ms of CPU, more
+    than a lightweight session). Module-level, so a ProxyClient stays a plain picklable model (Ray)."""
+    client = getattr(_local, "client", None)
+    if client is None:
+        with _ssl_lock:
+            if not _ssl:
+                _ssl.append(httpx.create_ssl_context())
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        client = _local.client = httpx.Client(verify=_ssl[0], limits=limits)  # type: ignore[arg-type]
+    return client
 
 
 class ProxyClient(BaseModel):
@@ -48,7 +51,7 @@ class ProxyClient(BaseModel):
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             kw.setdefault("timeout", 30)
-            resp = _http().request(method, f"{self.admin_url}{path}", headers=self._headers(), **kw)
+            resp = thread_client().request(method, f"{self.admin_url}{path}", headers=self._headers(), **kw)
         except httpx.HTTPError as exc:
             raise ConnectionError(f"proxy admin API at {self.admin_url} is unreachable: {exc}") from None
         if resp.status_code >= 400:
