@@ -25,7 +25,7 @@ def test_results_become_a_table_with_verdicts(tmp_path: Path, monkeypatch: pytes
     }
     table = report.performance_table(results)
     assert "| busy 93% | ≥ 90% engine busy pipelined | yes |" in table
-    assert "| peak 95 | ≥ 256 sessions in RUN at once, all published, no lost record | **no** |" in table
+    assert "| peak 95 | ≥ 1,000 sessions in RUN at once, all published, no lost record | **no** |" in table
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.BEGIN}\nold table\n{report.END}\nrest\n")
     monkeypatch.setattr(report, "PAGE", readme)
