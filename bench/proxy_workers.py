@@ -19,53 +19,17 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-from fastapi import FastAPI, Request, Response
 
 from bench.common import cpu_seconds, report
-from bench.session_scale import MODEL, REPLY, tool_output
+from bench.session_scale import MODEL, stub_engine, tool_output
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.http.config import ProxyConfig
 from nemo_polar.proxy.http.pool import ProxyPool
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.http.workers import ProxyWorkers
 from nemo_polar.proxy.render.renderer import LocalRenderer
-
-
-def stub_engine(local: LocalRenderer) -> FastAPI:
-    """As bench.session_scale's stub engine, its prompt ids read and echoed with orjson: the load generator's share
-    of the cores is kept small, since it is not the proxy's."""
-    app = FastAPI()
-    reply_ids = [*local.encode(REPLY), 151645]
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"data": [{"id": "tiny-qwen3", "max_model_len": 1 << 20, "root": str(MODEL)}]}
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        if "messages" in body:  # the proxy's probe of its local renderer
-            return {"tokens": local.render_sync(body["messages"], body.get("tools"), {})}
-        return {"tokens": local.encode(body["prompt"])}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = fastjson.loads(await request.body())
-        choice = {
-            "index": 0,
-            "text": REPLY,
-            "token_ids": reply_ids,
-            "prompt_token_ids": body["prompt"],
-            "finish_reason": "stop",
-            "logprobs": {"token_logprobs": [-0.5] * len(reply_ids)},
-        }
-        out = {"choices": [choice], "usage": {"prompt_tokens": len(body["prompt"])}}
-        return Response(fastjson.dumps(out), media_type="application/json")
-
-    return app
 
 
 class Arm:
