@@ -59,6 +59,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident set size of a process (Linux /proc), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 @contextmanager
 def proxy(engine_url: str, cpu: dict[str, float] | None = None) -> Iterator[ProxyClient]:
     """Run ``polar proxy`` as a separate process, as a deployment would (model and admin listeners)."""

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 from fastapi import FastAPI, Request, Response
 
-from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report
+from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report, rss_mb
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.render.renderer import LocalRenderer
@@ -33,7 +33,7 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 
 MODEL = cache_dir() / "models" / "tiny-qwen3"
-REPLY = "Ran it; next step."
+REPLY = "Ran it; next step {n}."  # numbered: a model's replies differ from call to call
 WORDS = [
     "def",
     "return",
@@ -57,7 +57,6 @@ WORDS = [
 def stub_engine(local: LocalRenderer) -> FastAPI:
     """A stub engine (no model): vLLM's answers, in shape, for what the proxy asks."""
     app = FastAPI()
-    reply_ids = [*local.encode(REPLY), 151645]
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -75,9 +74,11 @@ def stub_engine(local: LocalRenderer) -> FastAPI:
         # orjson both ways: the stub's own JSON work (a 64k-id prompt in, echoed out) would otherwise dwarf the
         # proxy's in the engine stage and take one of the two cores from it; compact, as vLLM writes it
         body = orjson.loads(await request.body())
+        text = REPLY.format(n=len(body["prompt"]))
+        reply_ids = [*local.encode(text), 151645]
         choice = {
             "index": 0,
-            "text": REPLY,
+            "text": text,
             "token_ids": reply_ids,
             "prompt_token_ids": body["prompt"],
             "finish_reason": "stop",
@@ -192,7 +193,9 @@ def main() -> None:
         pid = cpu["proxy_pid"]
         for context in args.contexts:
             session_id, key = client.create_session({"mode": "continuation"})
+            rss_before = rss_mb(pid)
             points = asyncio.run(one_session(client.url, key, pid, args.calls, context, context))
+            rss_growth = rss_mb(pid) - rss_before  # the session is still open: all it holds in memory
             # /proc counts CPU in clock ticks (10 ms): per-call figures are means over blocks of 10 calls
             blocks = [points[i : i + 10] for i in range(0, len(points) - 9, 10)]
             means = [(sum(x for x, _ in b) / len(b), sum(c for _, c in b) / len(b)) for b in blocks]
@@ -211,12 +214,14 @@ def main() -> None:
                 f"cpu_exponent_{k}": exponent,
                 f"bytes_per_unique_token_{k}": path.stat().st_size / unique,
                 f"merge_calls_per_s_{k}": merge_calls_s,
+                f"proxy_rss_mb_per_session_{k}": rss_growth,
             }
             print(
                 f"{args.calls} calls to {unique:,} tokens: proxy CPU {1000 * fitted[0][1]:.1f} ms/call at "
                 f"{fitted[0][0] / 1024:.0f}k, {last_ms:.1f} ms/call at the end, "
                 f"~ context^{exponent:.2f}; records {path.stat().st_size / unique:.1f} bytes per unique token; "
-                f"prefix merging {merge_calls_s:,.0f} calls/s"
+                f"prefix merging {merge_calls_s:,.0f} calls/s; the open session holds {rss_growth:.0f} MB of the "
+                "proxy's memory"
             )
             stages |= stage_breakdown(records, [c for c in (8192, 32768, 65536, 131072) if c <= context])
         print("where a call's time goes (wall ms, mean of the 10 calls nearest each context; stub engine):")

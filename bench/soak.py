@@ -22,19 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import cpu_seconds, engine, proxy, report
+from bench.common import cpu_seconds, engine, proxy, report, rss_mb
 from nemo_polar.env.gateway import GatewayConfig, SessionOutcome, SessionRequest
 from nemo_polar.env.gateway.testing import ChatLoopGateway
 from nemo_polar.proxy.http.client import ProxyClient
 from nemo_polar.rewards import bundled_instances
-
-
-def rss_mb(pid: int | str = "self") -> float:
-    """Resident set size of a process (Linux /proc), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 class Soak:

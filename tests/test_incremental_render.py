@@ -23,7 +23,12 @@ def test_incremental_ids_equal_the_full_tokenization(model: str) -> None:
         for turn in range(40):
             tools = PROBE_TOOLS if seed != 1 else None
             full = local.render_sync(messages, tools, {})  # no cache: the whole text tokenized
-            assert local.render_sync(messages, tools, {}, cache) == full, (model, seed, turn, cache.how)
+            ids = local.render_sync(messages, tools, {}, cache)
+            assert ids == full, (model, seed, turn, cache.how)
+            for token in local.incremental.kinds:  # where each boundary token ends, as the cut looks it up
+                scanned = [i + 1 for i, t in enumerate(full) if t == token]
+                assert cache.token_ends(ids, token) in (scanned, None), (model, seed, turn, token)
+            assert cache.token_ends(list(ids), next(iter(local.incremental.kinds))) is None  # not the last render
             hows.append(cache.how)
             grow(rng, messages, turn)
     tails = sum(h.startswith("tail:") for h in hows)

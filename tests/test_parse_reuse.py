@@ -12,13 +12,13 @@ import pytest
 
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.apis import chat
-from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, fingerprint
+from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, ToolCall, fingerprint
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.generate.generation import _continue
 from nemo_polar.proxy.render.renderer import _keys
 from nemo_polar.proxy.render.template_segments import TemplateCache
-from nemo_polar.proxy.store.records import CallRecord
-from nemo_polar.proxy.store.sessions import CallState, PromptMemo
+from nemo_polar.proxy.store.records import CallRecord, RecordWriter
+from nemo_polar.proxy.store.sessions import CallState, PromptMemo, Session, SessionConfig
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}},
@@ -104,6 +104,8 @@ def test_a_continuation_s_prompt_json_and_count_extend_its_parent_s(sampled: lis
     memo = PromptMemo(parent_prompt, fastjson.dumps(parent_prompt), EOT, parent_prompt.count(EOT))
     unknown = PromptMemo(list(parent_prompt), b"[0]", EOT, 0)  # another list: not this parent's prompt
     results = [_continue(state, full, EOT, "<eot>", last) for last in (memo, None, unknown)]
+    ends = [i + 1 for i, t in enumerate(full) if t == EOT]  # the render's ends of turn, as its cache knows them
+    results.append(_continue(state, full, EOT, "<eot>", memo, ends))
     expected = [*parent_prompt, *sampled, *([] if sampled[-1] == EOT else [EOT]), 7, 8, EOT, 10]
     for made, reason in results:
         assert reason == "continuation" and made is not None
@@ -138,3 +140,62 @@ def test_a_copy_with_changed_fields_is_digested_and_templated_afresh() -> None:
     assert edited.to_template() == {"role": "user", "content": "bye"} and before[1] == {"role": "user", "content": "hi"}
     assert fingerprint([edited], [tool]) != before[0] and fingerprint([message], [renamed]) != before[0]
     assert fingerprint([message.model_copy(deep=True)], [tool.model_copy()]) == before[0]
+
+
+def _commit(session: Session, conv: Any, n: int, content: str, calls: list[str]) -> None:
+    """Commit call ``n`` of ``session`` answering ``conv`` with ``content`` and tool calls ``calls`` (their ids)."""
+    rec = CallRecord(
+        call_id=f"call-{n}", session_id=session.id, api="chat", mode="continuation", request=None, started_at=0.0,
+        prompt_token_ids=[1, n], sampled_token_ids=[EOT], complete=True,
+    )  # fmt: skip
+    output = Message(role="assistant", content=content, reasoning=f"thought {n}")
+    output.tool_calls = [ToolCall(id=ident, name="bash", arguments="{}") for ident in calls]
+    session.commit(rec, conv, output, [])
+
+
+def _as_restored(conv: Any) -> list[tuple[Any, ...]]:
+    return [(m.model_dump(), m.source_call_id) for m in conv.messages]
+
+
+def test_a_growing_history_is_restored_and_digested_as_a_whole_restore_does() -> None:
+    """``Session.restore`` reuses the last request's restored turns and running fingerprints where the history starts
+    with the same parsed messages; the turns and fingerprints must be those a restore of the whole history gives, also
+    when a later call gives a reply text again (the text's turns point at the later call) and when a turn's call was
+    still in flight at the last request."""
+    session = Session("s", "k", SessionConfig(), RecordWriter(None))
+    memos = ParseMemos()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    replies = ["looking", "done", "looking", "again", "done"]  # texts given again: remapped
+    looked: list[Message] = []
+    lookup = session._restored
+    session._restored = lambda m: looked.append(m) or lookup(m)  # type: ignore[method-assign]
+    for n, text in enumerate(replies):
+        conv = chat.parse(body(history), memos)
+        looked.clear()
+        session.restore(conv)
+        if n in (1, 2, 4):  # nothing pointed at another call since the last request: only its new turn is looked up
+            assert [m.content for m in looked] == [replies[n - 1]]
+        elif n:  # call 2 gave "looking" again: every turn is looked up afresh
+            assert len(looked) == n + 1
+        whole = chat.parse(body(history))
+        reference = Session("s", "k", SessionConfig(), RecordWriter(None))
+        reference.__dict__.update({k: v for k, v in session.__dict__.items() if k not in ("history", "memos")})
+        reference.restore(whole)
+        assert _as_restored(conv) == _as_restored(whole)
+        assert [conv.fingerprint(k) for k in range(len(history) + 1)] == [
+            fingerprint(whole.messages[:k], whole.tools) for k in range(len(history) + 1)
+        ]
+        if n == 2:  # a turn the harness already has while its call is in flight: not restored until it commits
+            history += [{"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_late", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_late", "content": "ran"}]  # fmt: skip
+            conv = chat.parse(body(history), memos)
+            session.restore(conv)
+            assert conv.messages[-2].source_call_id is None
+            _commit(session, conv, 100, "", ["call_late"])
+        _commit(session, conv, n, text, [])
+        history += [{"role": "assistant", "content": text}, {"role": "user", "content": f"step {n}"}]
+    conv = chat.parse(body(history), memos)
+    session.restore(conv)
+    sources = [m.source_call_id for m in conv.messages if m.role == "assistant"]
+    assert sources == ["call-2", "call-4", "call-100", "call-2", "call-3", "call-4"]  # a text's last call; the late one

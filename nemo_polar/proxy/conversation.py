@@ -251,6 +251,18 @@ class Conversation(BaseModel):
     stream: bool = False
     include_usage: bool = False
     ignored: list[str] = Field(default_factory=list, description="request fields the proxy did not honour")
+    _fingerprints: RunningFingerprints | None = PrivateAttr(default=None)
+
+    def set_fingerprints(self, fingerprints: RunningFingerprints) -> None:
+        """Note the running fingerprints of ``messages`` as they now stand (made where they were last changed)."""
+        self._fingerprints = fingerprints
+
+    def fingerprint(self, upto: int | None = None) -> str:
+        """``fingerprint`` of the first ``upto`` messages (all: None) with the tools."""
+        running = self._fingerprints
+        if running is None or len(running.states) != len(self.messages) + 1:
+            running = self._fingerprints = RunningFingerprints(self.messages)
+        return running.of(len(self.messages) if upto is None else upto, self.tools)
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -286,8 +298,29 @@ def digest(item: Message | Tool) -> bytes:
 
 def fingerprint(messages: list[Message], tools: list[Tool]) -> str:
     """Stable digest of a normalised history: of its messages' and tools' digests, each computed once."""
-    parts = [*map(digest, messages), b"|", *map(digest, tools)]
-    return hashlib.sha256(b"".join(parts)).hexdigest()
+    return _with_tools(hashlib.sha256(b"".join(map(digest, messages))), tools)
+
+
+def _with_tools(running: Any, tools: list[Tool]) -> str:
+    """``fingerprint`` from the running digest of its messages' digests."""
+    running.update(b"".join([b"|", *map(digest, tools)]))
+    return str(running.hexdigest())
+
+
+class RunningFingerprints:
+    """``fingerprint`` of each leading part of one history, from the running digest after each of its messages:
+    ``of(k, tools)`` is ``fingerprint(messages[:k], tools)``. Made from an earlier history's where the two start with
+    the same messages (``reuse``), digesting only the messages after those."""
+
+    def __init__(self, messages: list[Message], reuse: RunningFingerprints | None = None, shared: int = 0) -> None:
+        self.states = reuse.states[: shared + 1] if reuse is not None else [hashlib.sha256()]
+        for message in messages[len(self.states) - 1 :]:
+            running = self.states[-1].copy()
+            running.update(digest(message))
+            self.states.append(running)
+
+    def of(self, k: int, tools: list[Tool]) -> str:
+        return _with_tools(self.states[k].copy(), tools)
 
 
 T = TypeVar("T")

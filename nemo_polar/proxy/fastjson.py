@@ -51,9 +51,10 @@ def loads_echo(data: bytes, key: str, sent: bytes) -> Any:
     JSON, as orjson does) costs a memory search, not a parse of every id and a comparison. Anything else (another
     spacing, other ids) is parsed as it stands, for the caller to compare."""
     needle = dumps(key) + b":"
-    pattern = needle + sent
-    spliced, start = [], 0
-    while (at := data.find(pattern, start)) >= 0:
-        spliced += [data[start : at + len(needle)], _AS_SENT_JSON]
-        start = at + len(pattern)
+    spliced, start, at = [], 0, 0
+    while (at := data.find(needle, at)) >= 0:  # the key found (a short search), its value compared in place
+        at += len(needle)
+        if data.startswith(sent, at):
+            spliced += [data[start:at], _AS_SENT_JSON]
+            start = at = at + len(sent)
     return loads(b"".join([*spliced, data[start:]]) if spliced else data)

@@ -113,7 +113,8 @@ async def plan(
         tokenize, template = session.token_cache.how, session.token_cache.template_how
         if parent is not None and session.config.history == "template":
             parent, reason = None, "template_history"
-        memo, parent, reason = _prompt(session, parent, reason, full, info)
+        ends = session.token_cache.token_ends(full, info.eot_id) if info.eot_id is not None else None
+        memo, parent, reason = _prompt(session, parent, reason, full, info, ends)
         prompt = memo.ids
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         opened = _reasoning_open(prompt, info)
@@ -174,13 +175,19 @@ def _chat_tool_choice(choice: str) -> Any:
 
 
 def _prompt(
-    session: Session, parent: CallState | None, reason: str, full: list[int], info: EngineInfo
+    session: Session,
+    parent: CallState | None,
+    reason: str,
+    full: list[int],
+    info: EngineInfo,
+    eot_ends: list[int] | None = None,
 ) -> tuple[PromptMemo, CallState | None, str]:
     """The prompt (and its parent, and why) of a continuation-mode call: ``parent``'s continued where it can be, else
-    the whole render ``full``; kept as the session's ``last_prompt`` for its next call."""
+    the whole render ``full`` (``eot_ends``: where each end of turn in it ends, where known); kept as the session's
+    ``last_prompt`` for its next call."""
     memo = None
     if parent is not None:
-        memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt)
+        memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt, eot_ends)
         if memo is None:
             parent = None
     session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
@@ -188,10 +195,16 @@ def _prompt(
 
 
 def _continue(
-    parent: CallState, full: list[int], eot: int | None, eot_text: str, last: PromptMemo | None
+    parent: CallState,
+    full: list[int],
+    eot: int | None,
+    eot_text: str,
+    last: PromptMemo | None,
+    eot_ends: list[int] | None = None,
 ) -> tuple[PromptMemo | None, str]:
     """The prompt continuing ``parent`` (its prompt + sampled ids + the new part of ``full``), or None and why not.
-    Where ``last`` memoises the parent's prompt, only what is added is written as JSON and counted."""
+    Where ``last`` memoises the parent's prompt, only what is added is written as JSON and counted; where ``eot_ends``
+    says where ``full``'s ends of turn are (the renderer's cache knows), the cut is looked up, not searched for."""
     if eot is None:
         return None, "no_single_end_of_turn_token"
     rec = parent.record
@@ -202,7 +215,10 @@ def _continue(
         return None, "end_of_turn_in_sampled"
     known = last if last is not None and last.ids is rec.prompt_token_ids and last.token == eot else None
     closed = (known.count if known and known.count >= 0 else rec.prompt_token_ids.count(eot)) + 1  # + its own turn
-    cut = _nth_after(full, eot, closed)
+    if eot_ends is not None:
+        cut = eot_ends[closed - 1] if closed <= len(eot_ends) else None
+    else:
+        cut = _nth_after(full, eot, closed)
     if cut is None or cut >= len(full):
         return None, "delta_render_failed"
     added = list(rec.sampled_token_ids)

@@ -5,8 +5,17 @@ without a copy (``startswith``): a render usually extends the last one."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
+
+
+def same_objects(a: Sequence[Any], b: Sequence[Any], limit: int | None = None) -> int:
+    """How many items ``a`` and ``b`` start with that are the same objects (at most ``limit``), compared in C: a
+    session's lists that reuse the last call's items (messages, their JSON) are cut where the new ones begin."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    same = list(map(operator.is_, a[:n], b[:n]))
+    return same.index(False) if False in same else n
 
 
 def _head_equal(a: Sequence[Any], b: Sequence[Any], n: int) -> bool:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_polar.proxy.render.prefix import same_objects
+
 
 def as_vllm_sees_it(message: dict[str, Any]) -> dict[str, Any]:
     """vLLM hands HF templates tool-call arguments as parsed objects, not JSON strings (anything but a JSON object
@@ -64,10 +66,14 @@ class TemplateInputs:
         self, messages: list[dict[str, Any]], keys: list[bytes], before: list[bytes], kept: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
         """``messages`` prepared, reusing ``kept`` (the last call's) where a message's JSON ``keys[i]`` equals the
-        last call's ``before[i]``."""
+        last call's ``before[i]`` (first those that are the same bytes objects, found in C)."""
+        shared = same_objects(keys, before, len(kept))
         return [
-            kept[i] if i < len(kept) and i < len(before) and key == before[i] else self.prepare(msg)
-            for i, (msg, key) in enumerate(zip(messages, keys, strict=True))
+            *kept[:shared],
+            *(
+                kept[i] if i < len(kept) and i < len(before) and key == before[i] else self.prepare(msg)
+                for i, (msg, key) in enumerate(zip(messages[shared:], keys[shared:], strict=True), shared)
+            ),
         ]
 
     def render(self, template: Any, prepared: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.conversation import TemplateTraits
 from nemo_polar.proxy.engine_client import EngineClient
 from nemo_polar.proxy.errors import ProxyError, template_refused
-from nemo_polar.proxy.render.prefix import common_prefix
+from nemo_polar.proxy.render.prefix import common_prefix, same_objects
 from nemo_polar.proxy.render.prepared import TemplateInputs, as_vllm_sees_it
 from nemo_polar.proxy.render.template_segments import MARK, START, NotSegmentable, SegmentedTemplate, TemplateCache
 
@@ -274,6 +274,15 @@ class LocalRenderer:
             raise template_refused(exc) from None
 
 
+def _ends(before: dict[int, list[int]], kept: int, tail: list[tuple[int, int, int]]) -> dict[int, list[int]]:
+    """Each boundary token's ends in ``ids[:kept]`` (``before``'s up to there) followed by those in ``tail``: the work
+    is what the render added, not the history."""
+    ends = {token: at[: bisect.bisect_right(at, kept)] for token, at in before.items()}
+    for _, end, token in tail:
+        ends.setdefault(token, []).append(end)
+    return ends
+
+
 @dataclass
 class TokenCache:
     """One session's last rendered prompt: its text, its ids, and where each boundary token ends in both. Used and
@@ -281,11 +290,22 @@ class TokenCache:
 
     text: str = ""
     ids: list[int] = field(default_factory=list)
-    marks: list[tuple[int, int]] = field(default_factory=list)  # (char end, token end) after each boundary token
+    # (char end, token end, token id) after each boundary token; empty, with text, when ids may hold more of them
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+    ends: dict[int, list[int]] = field(default_factory=dict)  # boundary token id -> each of its token ends in ids
+    kinds: frozenset[int] = frozenset()  # the boundary tokens' ids
     how: str = ""
     template: TemplateCache = field(default_factory=TemplateCache)
     template_how: str = ""
     lock: threading.RLock = field(default_factory=threading.RLock)  # held across the template and the tokenization
+
+    def token_ends(self, ids: list[int], token: int) -> list[int] | None:
+        """Where each ``token`` in ``ids`` ends (the index after it), when ``ids`` is this cache's last render and
+        ``token`` a boundary token whose every place in it the cache knows; else None (search ``ids``)."""
+        with self.lock:
+            if ids is not self.ids or not self.text or token not in self.kinds:
+                return None
+            return self.ends.get(token, [])
 
 
 class IncrementalEncoder:
@@ -303,7 +323,7 @@ class IncrementalEncoder:
 
     def __init__(self, tokenizer: Any, boundaries: dict[str, int]) -> None:
         self.tokenizer = tokenizer
-        self.ids = set(boundaries.values())
+        self.kinds = frozenset(boundaries.values())
         self.by_text = boundaries
         self.pattern = re.compile("|".join(re.escape(t) for t in sorted(boundaries, key=len, reverse=True)))
 
@@ -322,28 +342,34 @@ class IncrementalEncoder:
         return cls(tokenizer, boundaries) if boundaries else None
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # The Rust tokenizer itself, as ``tokenizer.encode`` calls it (no truncation or padding here, special tokens
+        # matched): without the wrapper's batch of one and its per-call settings. tests/test_incremental_render.py
+        # holds the ids equal to ``tokenizer.encode``'s of the whole text.
+        return list(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def _marks(self, text: str, ids: list[int], start: tuple[int, int]) -> list[tuple[int, int]] | None:
-        """(char end, token end) of each boundary token, or None when text and ids do not show the same ones."""
-        at = [i for i, t in enumerate(ids) if t in self.ids]
+    def _marks(self, text: str, ids: list[int], start: tuple[int, int]) -> list[tuple[int, int, int]] | None:
+        """(char end, token end, token id) of each boundary token, or None when text and ids do not show the same
+        ones."""
+        at = [i for i, t in enumerate(ids) if t in self.kinds]
         found = list(self.pattern.finditer(text))
         if len(found) != len(at) or any(self.by_text[m.group()] != ids[i] for m, i in zip(found, at, strict=True)):
             return None
-        return [(start[0] + m.end(), start[1] + i + 1) for m, i in zip(found, at, strict=True)]
+        return [(start[0] + m.end(), start[1] + i + 1, ids[i]) for m, i in zip(found, at, strict=True)]
 
     def encode(self, text: str, cache: TokenCache) -> list[int]:
         with cache.lock:
             kept, how = self._kept(cache, text)
-            chars, tokens = cache.marks[kept - 1] if kept else (0, 0)  # (0, 0): the whole text
+            chars, tokens = cache.marks[kept - 1][:2] if kept else (0, 0)  # (0, 0): the whole text
             tail = self._encode(text[chars:])
             tail_marks = self._marks(text[chars:], tail, (chars, tokens))
-            ids = cache.ids[:tokens] + tail
-            cache.ids, cache.how = ids, how
+            ids = cache.ids[:tokens]  # one copy: the last render's list may be a record's prompt
+            ids += tail
+            cache.ids, cache.how, cache.kinds = ids, how, self.kinds
             if tail_marks is None:  # the next call cannot cut anywhere in this one
-                cache.text, cache.marks = "", []
+                cache.text, cache.marks, cache.ends = "", [], {}
             else:
                 cache.text, cache.marks = text, cache.marks[:kept] + tail_marks
+                cache.ends = _ends(cache.ends, tokens, tail_marks)
             return ids
 
     @staticmethod
@@ -362,10 +388,8 @@ def _keys(messages: list[dict[str, Any]], last: TemplateCache) -> list[bytes]:
     """Each message's JSON: the last render's where the message is the same dict (a conversation's messages hand the
     template the same dict on every call and never change it: ``Message.to_template``), else written."""
     before, keys = last.written
-    return [
-        keys[i] if i < len(before) and message is before[i] else fastjson.dumps(message)
-        for i, message in enumerate(messages)
-    ]
+    shared = same_objects(messages, before)
+    return [*keys[:shared], *map(fastjson.dumps, messages[shared:])]
 
 
 def _segmented(template: Any) -> SegmentedTemplate | None:

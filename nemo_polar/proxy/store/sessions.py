@@ -25,9 +25,10 @@ from nemo_polar.proxy.conversation import (
     Conversation,
     Message,
     ParseMemos,
-    fingerprint,
+    RunningFingerprints,
     script_call_id,
 )
+from nemo_polar.proxy.render.prefix import same_objects
 from nemo_polar.proxy.render.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
 from nemo_polar.proxy.store.records import CallRecord, History, Mode, RecordWriter, read_records
@@ -141,6 +142,18 @@ class PromptMemo:
 
 
 @dataclass
+class RestoredHistory:
+    """A request's messages as parsed and as restored, with the running fingerprints of the restored ones: what the
+    next request of the session reuses where its messages start with the same parsed ones (``Session.restore``)."""
+
+    parsed: list[Message]
+    restored: list[Message]
+    fingerprints: RunningFingerprints
+    remaps: int  # the session's Session.remaps when restored
+    open_from: int  # the first assistant turn no call was found for (len(parsed): none); a later one may find one
+
+
+@dataclass
 class Session:
     id: str
     api_key: str
@@ -162,6 +175,8 @@ class Session:
     memos: ParseMemos = field(default_factory=ParseMemos)  # what recent requests parsed into, for the next to reuse
     # call id -> its output as echoed turns are restored to (one copy, shared: messages are not changed once parsed)
     restored: dict[str, Message] = field(default_factory=dict)
+    history: RestoredHistory | None = None  # the last request's, for the next to restore only what it adds
+    remaps: int = 0  # commits that pointed an emitted id or a reply text at another call: restored turns may differ
 
     def answered_calls(self) -> int:
         """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A
@@ -170,19 +185,41 @@ class Session:
         return len(self.calls) + len(self.delivering)
 
     def restore(self, conv: Conversation) -> None:
-        """Replace echoed assistant turns the proxy produced by the exact recorded output."""
-        for i, msg in enumerate(conv.messages):
-            if msg.role != "assistant":
+        """Replace echoed assistant turns the proxy produced by the exact recorded output, and note the history's
+        running fingerprints on ``conv`` (``Conversation.fingerprint``). A harness resends its whole history: where
+        ``conv`` starts with the same parsed messages as the last request (``PrefixMemo`` hands back the same
+        objects), those are restored as they were then, unless a commit since pointed an id or a text at another
+        call (``remaps``) or one of them found no call then; only the messages after them are looked up and
+        digested."""
+        last, parsed = self.history, list(conv.messages)
+        shared = 0
+        if last is not None and last.remaps == self.remaps:
+            shared = same_objects(parsed, last.parsed, last.open_from)
+            conv.messages[:shared] = last.restored[:shared]
+        open_from = len(parsed)
+        for i in range(shared, len(parsed)):
+            if parsed[i].role != "assistant":
                 continue
-            call_id = self._echoed_call(msg)
-            if call_id is None and not msg.tool_calls and msg.content:
-                call_id = self.text_index.get(msg.content)
-            state = self.calls.get(call_id) if call_id else None
-            if state is not None and call_id is not None:
-                if (restored := self.restored.get(call_id)) is None:
-                    restored = self.restored[call_id] = state.output.model_copy(deep=True)
-                    restored.source_call_id = call_id
+            if (restored := self._restored(parsed[i])) is not None:
                 conv.messages[i] = restored
+            else:
+                open_from = min(open_from, i)
+        fingerprints = RunningFingerprints(conv.messages, last.fingerprints if shared else None, shared)
+        conv.set_fingerprints(fingerprints)
+        self.history = RestoredHistory(parsed, list(conv.messages), fingerprints, self.remaps, open_from)
+
+    def _restored(self, msg: Message) -> Message | None:
+        """The recorded output an echoed assistant turn is restored to (one copy per call), or None."""
+        call_id = self._echoed_call(msg)
+        if call_id is None and not msg.tool_calls and msg.content:
+            call_id = self.text_index.get(msg.content)
+        state = self.calls.get(call_id) if call_id else None
+        if state is None or call_id is None:
+            return None
+        if (restored := self.restored.get(call_id)) is None:
+            restored = self.restored[call_id] = state.output.model_copy(deep=True)
+            restored.source_call_id = call_id
+        return restored
 
     def _echoed_call(self, msg: Message) -> str | None:
         """The call whose output this echoed turn is. A tool call's id names one call; an id derived from content (a
@@ -213,7 +250,7 @@ class Session:
             return None, "parent_incomplete"
         if last == len(conv.messages) - 1:
             return None, "no_new_messages"
-        if fingerprint(conv.messages[:last], conv.tools) != parent.history_fingerprint:
+        if conv.fingerprint(last) != parent.history_fingerprint:
             return None, "history_diverged"
         return parent, "continuation"
 
@@ -224,13 +261,16 @@ class Session:
         self.delivering.discard(record.call_id)
         if not record.complete or conv is None or output is None:
             return
-        self.calls[record.call_id] = CallState(record, fingerprint(conv.messages, conv.tools), output)
+        self.calls[record.call_id] = CallState(record, conv.fingerprint(), output)
         for ident in [*echo_ids, *(c.id for c in output.tool_calls)]:
             if self.echo_index.setdefault(ident, record.call_id) != record.call_id:
                 self.shared_echo_ids.add(ident)
                 self.echo_index[ident] = record.call_id
-        if output.content and not output.tool_calls:
-            self.text_index[output.content] = record.call_id
+                self.remaps += 1
+        text = output.content if not output.tool_calls else ""
+        if text and self.text_index.setdefault(text, record.call_id) != record.call_id:
+            self.text_index[text] = record.call_id
+            self.remaps += 1
 
 
 @dataclass
