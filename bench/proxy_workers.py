@@ -1,11 +1,11 @@
 """Proxy worker processes side by side: sustained calls/s of ``--sessions`` concurrent sessions at 32k-token contexts
 through one worker process and through two (``ProxyWorkers``: each a whole proxy, the sessions split between them
 by the pool), in blocks alternating ABBA so both arms meet the same machine. The engine is a stub (vLLM's answers in
-shape, the prompt's ids echoed, no model work), so the figure is the proxy's own; the load generator and the stub
-engine run in this process on the same cores as the workers, and the CPU each side took is printed beside the
-rates. The last line is the ratio.
+shape, the prompt's ids echoed, no model work), so the figure is the proxy's own; the load generator (this process)
+and the stub engine (a process of its own) run on the same cores as the workers, and the CPU each side took is
+printed beside the rates. The last line is the ratio.
 
-    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--rounds 2]
+    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import cpu_seconds, report
-from bench.session_scale import MODEL, stub_engine, tool_output
+from bench.session_scale import stub_engine_process, tool_output
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.http.config import ProxyConfig
 from nemo_polar.proxy.http.pool import ProxyPool
-from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.http.workers import ProxyWorkers
-from nemo_polar.proxy.render.renderer import LocalRenderer
 
 
 class Arm:
@@ -49,6 +47,7 @@ class Arm:
         ]
         self.rates: list[float] = []
         self.cpu_s = self.wall_s = 0.0
+        self.calls = 0
 
     def pids(self) -> list[int]:
         return [r.pid for r in self.workers.ready]
@@ -59,39 +58,57 @@ def _open(pool: ProxyPool) -> tuple[str, str]:
     return worker.url, key
 
 
-async def _round(http: aiohttp.ClientSession, arm: Arm) -> None:
-    async def step(i: int) -> None:
-        url, key = arm.targets[i]
-        body = fastjson.dumps({"model": "local-model", "messages": arm.histories[i], "max_tokens": 16})
-        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        async with http.post(f"{url}/v1/chat/completions", data=body, headers=headers) as resp:
-            resp.raise_for_status()
-            reply = fastjson.loads(await resp.read())["choices"][0]["message"]["content"]
-        arm.histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
-
-    await asyncio.gather(*(step(i) for i in range(len(arm.targets))))
+async def _call(http: aiohttp.ClientSession, arm: Arm, i: int) -> None:
+    url, key = arm.targets[i]
+    body = fastjson.dumps({"model": "local-model", "messages": arm.histories[i], "max_tokens": 16})
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    async with http.post(f"{url}/v1/chat/completions", data=body, headers=headers) as resp:
+        resp.raise_for_status()
+        reply = fastjson.loads(await resp.read())["choices"][0]["message"]["content"]
+    arm.histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
 
 
-async def measure(arms: list[Arm], blocks: int, rounds: int) -> dict[str, float]:
+async def _block(http: aiohttp.ClientSession, arm: Arm, seconds: float) -> int:
+    """Every session calls again as soon as its call returns, each on its own (no round waits for the slowest
+    session), until ``seconds`` have passed; the calls answered by then. Those in flight then finish before it
+    returns, so blocks do not overlap."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def session(i: int) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await _call(http, arm, i)
+            done += time.perf_counter() <= deadline
+
+    await asyncio.gather(*(session(i) for i in range(len(arm.targets))))
+    return done
+
+
+async def measure(arms: list[Arm], blocks: int, seconds: float, stub: int) -> dict[str, float]:
     """Each arm warmed (its first calls render whole histories), then ``blocks`` blocks each, ABBA; the CPU this
-    process and each arm's workers took during the timed blocks."""
+    process and the stub engine's (``stub``, its pid) and each arm's workers took during the timed blocks."""
     connector = aiohttp.TCPConnector(limit=0)
-    me, busy = os.getpid(), {"wall": 0.0, "load": 0.0}
+    busy = {"wall": 0.0, "load": 0.0}
+
+    def load() -> float:
+        return cpu_seconds(os.getpid()) + cpu_seconds(stub)
+
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
         for arm in arms:
-            await _round(http, arm)
+            await asyncio.gather(*(_call(http, arm, i) for i in range(len(arm.targets))))
         for block in range(blocks):
             for arm in arms if block % 4 in (0, 3) else arms[::-1]:
-                cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), cpu_seconds(me)
+                cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), load()
                 t0 = time.perf_counter()
-                for _ in range(rounds):
-                    await _round(http, arm)
-                wall = time.perf_counter() - t0
-                arm.rates.append(rounds * len(arm.targets) / wall)
+                answered = await _block(http, arm, seconds)
+                wall = time.perf_counter() - t0  # the block and the drain of the calls in flight at its end
+                arm.rates.append(answered / seconds)
                 arm.cpu_s += sum(cpu_seconds(p) for p in arm.pids()) - cpu0
+                arm.calls += answered
                 arm.wall_s += wall
                 busy["wall"] += wall
-                busy["load"] += cpu_seconds(me) - load0
+                busy["load"] += load() - load0
     return busy
 
 
@@ -111,21 +128,20 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--workers", type=int, nargs=2, default=[1, 2], help="the two arms' worker counts")
     parser.add_argument("--blocks", type=int, default=8, help="timed blocks per arm (ABBA)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of one call per session in a block")
+    parser.add_argument("--seconds", type=float, default=20, help="length of a timed block")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
-    local = LocalRenderer(MODEL)
-    with BackgroundServer(stub_engine(local)) as engine, ExitStack() as stack:
-        arms = list(_arms(stack, engine.url, args.workers, args.sessions, args.context))
-        busy = asyncio.run(measure(arms, args.blocks, args.rounds))
+    with stub_engine_process() as stub, ExitStack() as stack:
+        arms = list(_arms(stack, stub.url, args.workers, args.sessions, args.context))
+        busy = asyncio.run(measure(arms, args.blocks, args.seconds, stub.pid))
     figures: dict[str, float] = {}
     for arm in arms:
         mean = sum(arm.rates) / len(arm.rates)
-        calls = args.blocks * args.rounds * args.sessions
         figures[f"calls_per_s_{len(arm.pids())}"] = mean
         print(
             f"{arm.name}: {mean:.1f} calls/s (blocks {', '.join(f'{r:.1f}' for r in arm.rates)}), "
-            f"worker CPU {1000 * arm.cpu_s / calls:.1f} ms/call, the workers busy {arm.cpu_s / arm.wall_s:.2f} cores"
+            f"worker CPU {1000 * arm.cpu_s / arm.calls:.1f} ms/call, the workers busy {arm.cpu_s / arm.wall_s:.2f} "
+            "cores"
         )
         figures[f"worker_cores_{len(arm.pids())}"] = arm.cpu_s / arm.wall_s
     load_share = busy["load"] / (busy["wall"] * cores)

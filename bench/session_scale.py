@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -71,23 +75,65 @@ def stub_engine(local: LocalRenderer) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        # orjson both ways: the stub's own JSON work (a 64k-id prompt in, echoed out) would otherwise dwarf the
-        # proxy's in the engine stage and take one of the two cores from it; compact, as vLLM writes it
-        body = orjson.loads(await request.body())
-        text = REPLY.format(n=len(body["prompt"]))
+        # The prompt's ids are echoed as the bytes they came in (vLLM parses them and writes them back compact, as
+        # the proxy wrote them: the same bytes), and only the rest of the body is parsed: the stub's own work stays
+        # small beside the proxy's, and takes little of the cores the proxy runs on.
+        raw = await request.body()
+        at = raw.find(PROMPT_IDS)
+        if at >= 0:
+            end = raw.index(b"]", at) + 1
+            prompt = raw[at + len(PROMPT_IDS) - 1 : end]
+            body = orjson.loads(raw[:at] + b'"prompt":0' + raw[end:])
+        else:  # a text prompt: echoed as it came
+            body = orjson.loads(raw)
+            prompt = orjson.dumps(body["prompt"])
+        count = prompt.count(b",") + 1 if prompt.startswith(b"[") and len(prompt) > 2 else 0
+        text = REPLY.format(n=count)
         reply_ids = [*local.encode(text), 151645]
         choice = {
             "index": 0,
             "text": text,
             "token_ids": reply_ids,
-            "prompt_token_ids": body["prompt"],
+            "prompt_token_ids": ECHO,
             "finish_reason": "stop",
             "logprobs": {"token_logprobs": [-0.5] * len(reply_ids)},
         }
-        answer = {"choices": [choice], "usage": {"prompt_tokens": len(body["prompt"])}}
-        return Response(orjson.dumps(answer), media_type="application/json")
+        answer = orjson.dumps({"choices": [choice], "usage": {"prompt_tokens": count}})
+        return Response(answer.replace(orjson.dumps(ECHO), prompt, 1), media_type="application/json")
 
     return app
+
+
+PROMPT_IDS = b'"prompt":['
+ECHO = "stub-echo-of-the-prompt"  # where the answer's prompt_token_ids go, written as they came
+
+
+class Stub(NamedTuple):
+    url: str
+    pid: int
+
+
+@contextmanager
+def stub_engine_process() -> Iterator[Stub]:
+    """The stub engine served by a process of its own: its work shares no interpreter lock with the load
+    generator's."""
+    context = multiprocessing.get_context("spawn")
+    urls = context.Queue()
+    process = context.Process(target=_serve_stub, args=(urls,), daemon=True)
+    process.start()
+    try:
+        url = urls.get(timeout=300)
+        assert process.pid is not None
+        yield Stub(url, process.pid)
+    finally:
+        process.terminate()
+        process.join(30)
+
+
+def _serve_stub(urls: Any) -> None:
+    with BackgroundServer(stub_engine(LocalRenderer(MODEL))) as server:
+        urls.put(server.url)
+        threading.Event().wait()
 
 
 def tool_output(rng: random.Random, tokens: int) -> str:
@@ -185,11 +231,10 @@ def main() -> None:
     parser.add_argument("--concurrent-context", type=int, default=32768)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    local = LocalRenderer(MODEL)
     figures: dict[str, float] = {}
     cpu: dict[str, Any] = {}
     stages: dict[int, dict[str, float]] = {}
-    with BackgroundServer(stub_engine(local)) as engine, proxy(engine.url, cpu) as client:
+    with stub_engine_process() as stub, proxy(stub.url, cpu) as client:
         pid = cpu["proxy_pid"]
         for context in args.contexts:
             session_id, key = client.create_session({"mode": "continuation"})

@@ -342,10 +342,9 @@ class IncrementalEncoder:
         return cls(tokenizer, boundaries) if boundaries else None
 
     def _encode(self, text: str) -> list[int]:
-        # The Rust tokenizer itself, as ``tokenizer.encode`` calls it (no truncation or padding here, special tokens
-        # matched): without the wrapper's batch of one and its per-call settings. tests/test_incremental_render.py
-        # holds the ids equal to ``tokenizer.encode``'s of the whole text.
-        return list(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+        # Through the wrapper, whose batch call tokenizes with the GIL released (the Rust tokenizer's single-text
+        # encode holds it: a session's first, whole render would stall every other session's call meanwhile).
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _marks(self, text: str, ids: list[int], start: tuple[int, int]) -> list[tuple[int, int, int]] | None:
         """(char end, token end, token id) of each boundary token, or None when text and ids do not show the same
