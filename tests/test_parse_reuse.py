@@ -12,11 +12,12 @@ import pytest
 
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.apis import chat
-from nemo_polar.proxy.conversation import Message, ParseMemos, Tool, ToolCall, fingerprint
+from nemo_polar.proxy.conversation import Message, Tool, ToolCall, fingerprint
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.generate.generation import _continue
 from nemo_polar.proxy.render.renderer import _keys
 from nemo_polar.proxy.render.template_segments import TemplateCache
+from nemo_polar.proxy.store.memos import ParseMemos
 from nemo_polar.proxy.store.records import CallRecord, RecordWriter
 from nemo_polar.proxy.store.sessions import CallState, PromptMemo, Session, SessionConfig
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -321,47 +320,6 @@ class RunningFingerprints:
 
     def of(self, k: int, tools: list[Tool]) -> str:
         return _with_tools(self.states[k].copy(), tools)
-
-
-T = TypeVar("T")
-
-
-class PrefixMemo(Generic[T]):
-    """What a session's recent requests' item lists (messages, tools) parsed into, by the JSON they were parsed from.
-    A harness resends its whole history on every call: a list whose JSON starts with one parsed before (the items
-    written as the same JSON, compared as bytes: exact, and no walk over the items in Python) parses only the items
-    after those, reusing the results before them. A few lists are kept: a harness's side calls (a title, a summary)
-    carry histories of their own between its main calls."""
-
-    def __init__(self, size: int = 4) -> None:
-        self.size = size
-        self._kept: list[tuple[bytes, list[T | None]]] = []  # (the items' JSON, one result per item), latest last
-
-    def parse(self, items: list[Any], one: Callable[[Any, int], T | None]) -> list[T]:
-        """``one(item, index)`` for each item (None: the item gives nothing), reusing the longest list seen before
-        whose items this list starts with; what ``one`` raises is raised, and nothing is kept."""
-        data = fastjson.dumps(items)
-        reused = max((results for seen, results in self._kept if json_list_extends(data, seen)), key=len, default=[])
-        results = [*reused, *(one(item, i) for i, item in enumerate(items[len(reused) :], len(reused)))]
-        others = [kept for kept in self._kept if kept[1] is not reused]
-        self._kept = [*others[len(others) - self.size + 1 :], (data, results)]
-        return [r for r in results if r is not None]
-
-
-class ParseMemos(dict[str, PrefixMemo[Any]]):
-    """A session's ``PrefixMemo`` by what they hold (an API's messages, its tools), each made on first use."""
-
-    def __missing__(self, key: str) -> PrefixMemo[Any]:
-        memo = self[key] = PrefixMemo()
-        return memo
-
-
-def json_list_extends(data: bytes, seen: bytes) -> bool:
-    """The JSON list ``data`` starts with the items of the JSON list ``seen``: JSON is read without looking ahead,
-    so the same bytes up to a comma or the end are the same items."""
-    if len(seen) <= 2:  # "[]": nothing to reuse
-        return False
-    return data == seen or (data.startswith(memoryview(seen)[:-1]) and data[len(seen) - 1 : len(seen)] == b",")
 
 
 def parts_text(content: Any, *, kinds: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_polar.proxy.conversation import Conversation, ParseMemos
+from nemo_polar.proxy.conversation import Conversation
 from nemo_polar.proxy.parse.output import Output, StreamEmitter
+from nemo_polar.proxy.store.memos import ParseMemos
 from nemo_polar.proxy.store.records import Api
 
 
@@ -36,5 +37,8 @@ class ApiAdapter:
     """The body of this API's token-count request (``/v1/messages/count_tokens``, ``:countTokens``), if it has one."""
     count_response: Callable[[int], dict[str, Any]] = lambda n: {"input_tokens": n}
     """The token-count response for ``n`` prompt tokens."""
+    history_field: str | None = None
+    """The request body's field holding the history a harness resends on every call (read as what it adds:
+    ``BodyMemo``)."""
     model_field: Callable[[str], str] | None = None
     """For an API that names the model in the URL path (Google's): the body's ``model`` field for that name."""

@@ -306,6 +306,7 @@ def parse_count(body: Any) -> Conversation:
 
 ADAPTER = ApiAdapter(
     name="anthropic",
+    history_field="messages",
     parse=parse,
     build_response=build_response,
     stream=stream,

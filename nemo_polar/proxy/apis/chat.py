@@ -6,10 +6,11 @@ from typing import Any
 
 from nemo_polar.proxy.apis.adapter import ApiAdapter
 from nemo_polar.proxy.apis.common import Loose, as_stop_list, now, sse, validate
-from nemo_polar.proxy.conversation import Conversation, Message, ParseMemos, Tool, ToolCall, parts_text
+from nemo_polar.proxy.conversation import Conversation, Message, Tool, ToolCall, parts_text
 from nemo_polar.proxy.errors import bad_request
 from nemo_polar.proxy.parse.output import Output, StreamEmitter, new_id
 from nemo_polar.proxy.sampling import SamplingParams
+from nemo_polar.proxy.store.memos import ParseMemos
 
 _ID_PREFIX = "chatcmpl-"
 # Fields read below; anything else a harness sends (store, metadata, parallel_tool_calls, user, ...) is
@@ -229,6 +230,7 @@ class ChatStream(StreamEmitter):
 
 ADAPTER = ApiAdapter(
     name="chat",
+    history_field="messages",
     parse=parse,
     build_response=build_response,
     stream=stream,

@@ -354,6 +354,7 @@ def parse_count(body: Any) -> Conversation:
 
 ADAPTER = ApiAdapter(
     name="gemini",
+    history_field="contents",
     parse=parse,
     build_response=build_response,
     stream=stream,

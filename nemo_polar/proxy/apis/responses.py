@@ -454,5 +454,10 @@ def build_response(conv: Conversation, out: Output, body: Any) -> tuple[dict[str
 
 
 ADAPTER = ApiAdapter(
-    name="responses", parse=parse, build_response=build_response, stream=stream, new_tool_call_id=new_tool_call_id
+    name="responses",
+    history_field="input",
+    parse=parse,
+    build_response=build_response,
+    stream=stream,
+    new_tool_call_id=new_tool_call_id,
 )

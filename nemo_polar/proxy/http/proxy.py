@@ -41,6 +41,7 @@ from nemo_polar.proxy.render.renderer import (
     probe_template,
     verified_local_renderer,
 )
+from nemo_polar.proxy.store.memos import BodyMemo
 from nemo_polar.proxy.store.records import Api, CallRecord
 from nemo_polar.proxy.store.sessions import Session, SessionStore
 
@@ -146,11 +147,12 @@ class Proxy:
         return data
 
     @staticmethod
-    def parse_json(raw: bytes) -> Any:
+    def parse_json(raw: bytes, memo: BodyMemo | None = None) -> Any:
+        """The body parsed (by ``memo``, reusing what a session's recent bodies parsed into, where given)."""
         if not raw.strip():
             raise ProxyError(400, "request body is empty; expected a JSON object")
         try:
-            return fastjson.loads(raw)
+            return memo.loads(raw) if memo is not None else fastjson.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
 
@@ -188,12 +190,12 @@ class Proxy:
         )
         conv: Conversation | None = None
         ticket: Ticket | None = None
+        raw: bytes | None = None
         try:
             raw = await self.read_body(request)
-            record.request = raw.decode("utf-8", errors="replace")  # kept verbatim until it parses
             raw = self.decode_body(raw, request.headers.get("content-encoding", "identity"))
-            record.request = raw.decode("utf-8", errors="replace")
-            body = self.parse_json(raw)
+            memo = session.body_memo(adapter.history_field) if adapter.history_field else None
+            body = self.parse_json(raw, memo)
             if path_model is not None and isinstance(body, dict) and adapter.model_field is not None:
                 body = {**body, "model": adapter.model_field(path_model)}
             record.request = body
@@ -235,7 +237,7 @@ class Proxy:
             err = exc if isinstance(exc, ProxyError) else _internal(exc)
             if ticket is not None:
                 ticket.release()
-            await self.fail(session, record, err)
+            await self.fail(session, record, err, raw)
             return error_response(api, err)
         if conv.stream:
             emitter = adapter.stream(conv, body)
@@ -333,7 +335,10 @@ class Proxy:
         session.commit(record, conv, message, echo_ids)
         self.metrics.observe(record)
 
-    async def fail(self, session: Session, record: CallRecord, err: ProxyError) -> None:
+    async def fail(self, session: Session, record: CallRecord, err: ProxyError, raw: bytes | None = None) -> None:
+        """Record a failed call; ``raw``: its body, kept verbatim where it never parsed."""
+        if record.request is None and raw is not None:
+            record.request = raw.decode("utf-8", errors="replace")
         record.mark_failed(err.message, err.status, err.code)
         await session.writer.append(record)
         session.commit(record, None, None, [])

@@ -24,13 +24,13 @@ from nemo_polar.proxy.conversation import (
     CallIdForm,
     Conversation,
     Message,
-    ParseMemos,
     RunningFingerprints,
     script_call_id,
 )
 from nemo_polar.proxy.render.prefix import same_objects
 from nemo_polar.proxy.render.renderer import TokenCache
 from nemo_polar.proxy.sampling import SamplingParams
+from nemo_polar.proxy.store.memos import BodyMemo, ParseMemos
 from nemo_polar.proxy.store.records import CallRecord, History, Mode, RecordWriter, read_records
 
 # The keys the engine's forced-tokens logits processor reads (engine/vllm_plugins/polar_forced_tokens.py).
@@ -172,6 +172,7 @@ class Session:
     token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
     forced: dict[int, dict[str, Any]] = field(default_factory=dict)  # script position -> its turn's ids (scripted)
     last_prompt: PromptMemo | None = None
+    bodies: dict[str, BodyMemo] = field(default_factory=dict)  # by history field: recent bodies, for the next to reuse
     memos: ParseMemos = field(default_factory=ParseMemos)  # what recent requests parsed into, for the next to reuse
     # call id -> its output as echoed turns are restored to (one copy, shared: messages are not changed once parsed)
     restored: dict[str, Message] = field(default_factory=dict)
@@ -183,6 +184,12 @@ class Session:
         request the harness sends in reaction to one of those comes after it: the next script entry, and not the
         session's first call."""
         return len(self.calls) + len(self.delivering)
+
+    def body_memo(self, history_field: str) -> BodyMemo:
+        """The memo of this session's request bodies whose history is ``history_field``."""
+        if (memo := self.bodies.get(history_field)) is None:
+            memo = self.bodies[history_field] = BodyMemo(history_field)
+        return memo
 
     def restore(self, conv: Conversation) -> None:
         """Replace echoed assistant turns the proxy produced by the exact recorded output, and note the history's
