@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from nemo_polar.proxy import fastjson
-from nemo_polar.proxy.apis import ADAPTERS
-from nemo_polar.proxy.store.memos import BodyMemo
+from nemo_polar.proxy.apis import ADAPTERS, chat
+from nemo_polar.proxy.store.memos import BodyMemo, ParseMemos, PrefixMemo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness_requests"
 HISTORY = {"responses": "input", "anthropic-messages": "messages", "chat-completions": "messages"}
@@ -69,7 +69,7 @@ def test_the_adapters_name_the_history_the_fixtures_carry() -> None:
 
 TRICKY = [
     'a "quoted" [list], {obj}, and a comma,',
-    "back\\slash \\\" and \\\\",
+    'back\\slash \\" and \\\\',
     "\\u005d\\u002c",
     "Ünïcode ✓ \u2028 \x7f tab\t newline\n",
     "]",
@@ -181,7 +181,7 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
         return rng.randrange(-1000, 1000)
     if kind < 6:
         return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(["role", "content", "messages", "x", "a\"b"]): random_value(rng, depth + 1) for _ in range(3)}
+    return {rng.choice(["role", "content", "messages", "x", 'a"b']): random_value(rng, depth + 1) for _ in range(3)}
 
 
 def test_seeded_random_histories_parse_as_a_whole_parse() -> None:
@@ -207,3 +207,36 @@ def test_seeded_random_histories_parse_as_a_whole_parse() -> None:
             check(memo, write({**head, "messages": items, "tools": random_value(rng)}))
         reused += memo.reused
     assert reused > 500  # the random histories were mostly reused, not parsed whole
+
+
+def test_the_history_items_a_body_reuses_are_parsed_once_and_known_by_identity() -> None:
+    bodies, memos = BodyMemo("messages"), ParseMemos()
+    history: list[Any] = [{"role": "system", "content": "sys"}]
+    last: list[Any] = []
+    for i in range(5):
+        history = [*history, {"role": "user", "content": f"do {i}"}, {"role": "assistant", "content": f"did {i}"}]
+        data = compact({"model": "m", "messages": history})
+        conv = chat.parse(bodies.loads(data), memos)
+        assert conv == chat.parse(fastjson.loads(data))
+        assert all(a is b for a, b in zip(conv.messages, last, strict=False))
+        last = conv.messages
+    edited = [*history[:3], {"role": "assistant", "content": "compacted"}, *history[4:]]
+    conv = chat.parse(bodies.loads(compact({"model": "m", "messages": edited})), memos)
+    assert conv == chat.parse({"model": "m", "messages": edited})
+    assert [a is b for a, b in zip(conv.messages, last, strict=True)] == [True] * 3 + [False] * (len(last) - 3)
+
+
+def test_histories_interleaved_up_to_the_memo_s_size_each_reuse_their_own() -> None:
+    memo: PrefixMemo[str] = PrefixMemo(size=4)
+    parsed: list[str] = []
+
+    def one(item: Any, i: int) -> str:
+        parsed.append(item)
+        return item
+
+    lists: list[list[str]] = [[], [], [], []]
+    for n in range(3):
+        for k, items in enumerate(lists):
+            items.append(f"history {k} item {n}")
+            assert memo.parse(list(items), one) == items
+    assert len(parsed) == 12  # each item parsed once: four histories kept, none pushed out by the others

@@ -278,6 +278,8 @@ class Conversation(BaseModel):
         messages = [m.to_template() for m in self.messages]
         if traits is None:
             return messages, None
+        if traits.call_ids == "as_sent":  # no ids to map: the walk over every call is for templates that rename them
+            return traits.apply(messages)
         sampled = {c.id: c.template_id for m in self.messages for c in m.tool_calls if c.template_id}
         return traits.apply(messages, sampled)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 
@@ -14,8 +15,9 @@ def same_objects(a: Sequence[Any], b: Sequence[Any], limit: int | None = None) -
     """How many items ``a`` and ``b`` start with that are the same objects (at most ``limit``), compared in C: a
     session's lists that reuse the last call's items (messages, their JSON) are cut where the new ones begin."""
     n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
-    same = list(map(operator.is_, a[:n], b[:n]))
-    return same.index(False) if False in same else n
+    if all(map(operator.is_, islice(a, n), islice(b, n))):  # the usual case, with no list made
+        return n
+    return list(map(operator.is_, a[:n], b[:n])).index(False)
 
 
 def _head_equal(a: Sequence[Any], b: Sequence[Any], n: int) -> bool:
