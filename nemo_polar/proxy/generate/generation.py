@@ -109,12 +109,13 @@ async def plan(
         common["stream_options"] = {"include_usage": True}
 
     if mode == "continuation":
-        full = await renderer.render(messages, tools, kwargs, session.token_cache)
-        tokenize, template = session.token_cache.how, session.token_cache.template_how
-        if parent is not None and session.config.history == "template":
-            parent, reason = None, "template_history"
-        ends = session.token_cache.token_ends(full, info.eot_id) if info.eot_id is not None else None
-        memo, parent, reason = _prompt(session, parent, reason, full, info, ends)
+        async with session.planning:  # the render's ids may be the session's cache's list, changed by its next render
+            full = await renderer.render(messages, tools, kwargs, session.token_cache)
+            tokenize, template = session.token_cache.how, session.token_cache.template_how
+            if parent is not None and session.config.history == "template":
+                parent, reason = None, "template_history"
+            ends = session.token_cache.token_ends(full, info.eot_id) if info.eot_id is not None else None
+            memo, parent, reason = _prompt(session, parent, reason, full, info, ends)
         prompt = memo.ids
         _check_context(len(prompt), sampling.max_tokens, info.max_model_len)
         opened = _reasoning_open(prompt, info)
@@ -190,7 +191,7 @@ def _prompt(
         memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt, eot_ends)
         if memo is None:
             parent = None
-    session.last_prompt = memo or PromptMemo(full, fastjson.dumps(full), info.eot_id, -1)
+    session.last_prompt = memo or PromptMemo(list(full), fastjson.dumps(full), info.eot_id, -1)  # full: a render's
     return session.last_prompt, parent, reason
 
 

@@ -8,6 +8,7 @@ echoed assistant turn is replaced by the exact output recorded for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -170,6 +171,7 @@ class Session:
     # finished tool-call item) before the call completes and commits.
     delivering: set[str] = field(default_factory=set)
     token_cache: TokenCache = field(default_factory=TokenCache)  # the last render, for tokenizing only what is new
+    planning: asyncio.Lock = field(default_factory=asyncio.Lock)  # held from a render to the prompt cut from it
     forced: dict[int, dict[str, Any]] = field(default_factory=dict)  # script position -> its turn's ids (scripted)
     last_prompt: PromptMemo | None = None
     bodies: dict[str, BodyMemo] = field(default_factory=dict)  # by history field: recent bodies, for the next to reuse
