@@ -16,6 +16,7 @@ import pytest
 
 from nemo_polar.proxy import fastjson
 from nemo_polar.proxy.apis import ADAPTERS, chat
+from nemo_polar.proxy.render.prefix import common_prefix, common_suffix
 from nemo_polar.proxy.store.memos import BodyMemo, ParseMemos, PrefixMemo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness_requests"
@@ -240,3 +241,24 @@ def test_histories_interleaved_up_to_the_memo_s_size_each_reuse_their_own() -> N
             items.append(f"history {k} item {n}")
             assert memo.parse(list(items), one) == items
     assert len(parsed) == 12  # each item parsed once: four histories kept, none pushed out by the others
+
+
+def test_shared_starts_and_ends_are_found_as_a_walk_finds_them_for_texts_bytes_and_lists() -> None:
+    """``common_prefix`` and ``common_suffix`` halve with comparisons in place (bytes) or of one side's slice (text):
+    the lengths a walk item by item finds, on seeded random pairs."""
+    rng = random.Random(7)
+
+    def walk(a: Any, b: Any, limit: int, backwards: bool) -> int:
+        n = 0
+        while n < min(len(a), len(b), limit) and a[-1 - n if backwards else n] == b[-1 - n if backwards else n]:
+            n += 1
+        return n
+
+    for _ in range(2000):
+        base = "".join(rng.choice("ab\u00e9") for _ in range(rng.randrange(40)))
+        a = base[: rng.randrange(len(base) + 1)] + "".join(rng.choice("ab") for _ in range(rng.randrange(5)))
+        b = base + "".join(rng.choice("ab") for _ in range(rng.randrange(5)))
+        limit = rng.randrange(50)
+        for x, y in ((a, b), (a.encode(), b.encode()), (list(a), list(b))):
+            assert common_prefix(x, y) == walk(x, y, len(x) + len(y), False)
+            assert common_suffix(x, y, limit) == walk(x, y, limit, True)

@@ -251,10 +251,13 @@ class Conversation(BaseModel):
     include_usage: bool = False
     ignored: list[str] = Field(default_factory=list, description="request fields the proxy did not honour")
     _fingerprints: RunningFingerprints | None = PrivateAttr(default=None)
+    _templates: list[dict[str, Any]] | None = PrivateAttr(default=None)
 
-    def set_fingerprints(self, fingerprints: RunningFingerprints) -> None:
-        """Note the running fingerprints of ``messages`` as they now stand (made where they were last changed)."""
+    def set_fingerprints(self, fingerprints: RunningFingerprints, templates: list[dict[str, Any]]) -> None:
+        """Note the running fingerprints of ``messages`` as they now stand (made where they were last changed), and
+        their ``Message.to_template`` dicts (likewise)."""
         self._fingerprints = fingerprints
+        self._templates = templates
 
     def fingerprint(self, upto: int | None = None) -> str:
         """``fingerprint`` of the first ``upto`` messages (all: None) with the tools."""
@@ -275,13 +278,18 @@ class Conversation(BaseModel):
 
     def placed_messages(self, traits: TemplateTraits | None) -> tuple[list[dict[str, Any]], str | None]:
         """The messages the chat template renders, with system messages placed where it takes them."""
-        messages = [m.to_template() for m in self.messages]
+        known = self._templates
+        messages = list(known) if known is not None and len(known) == len(self.messages) else self.templates()
         if traits is None:
             return messages, None
         if traits.call_ids == "as_sent":  # no ids to map: the walk over every call is for templates that rename them
             return traits.apply(messages)
         sampled = {c.id: c.template_id for m in self.messages for c in m.tool_calls if c.template_id}
         return traits.apply(messages, sampled)
+
+    def templates(self, start: int = 0) -> list[dict[str, Any]]:
+        """``Message.to_template`` of each message from ``start``."""
+        return list(map(Message.to_template, self.messages[start:]))
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.to_template() for t in self.tools] or None

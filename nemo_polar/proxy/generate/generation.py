@@ -228,7 +228,7 @@ def _continue(
     added += full[cut:]
     prompt = rec.prompt_token_ids + added
     # The JSON of a list of ints is its items' joined by commas: the parent's, then the added ones'
-    json = known.json[:-1] + b"," + fastjson.dumps(added)[1:] if known else fastjson.dumps(prompt)
+    json = b"".join([memoryview(known.json)[:-1], b",", fastjson.dumps(added)[1:]]) if known else fastjson.dumps(prompt)
     # the sampled turn holds one end of turn (checked above, or appended)
     return PromptMemo(prompt, json, eot, closed + full[cut:].count(eot)), "continuation"
 

@@ -150,6 +150,7 @@ class RestoredHistory:
     parsed: list[Message]
     restored: list[Message]
     fingerprints: RunningFingerprints
+    templates: list[dict[str, Any]]  # each restored message's Message.to_template
     remaps: int  # the session's Session.remaps when restored
     open_from: int  # the first assistant turn no call was found for (len(parsed): none); a later one may find one
 
@@ -214,8 +215,9 @@ class Session:
             else:
                 open_from = min(open_from, i)
         fingerprints = RunningFingerprints(conv.messages, last.fingerprints if shared else None, shared)
-        conv.set_fingerprints(fingerprints)
-        self.history = RestoredHistory(parsed, list(conv.messages), fingerprints, self.remaps, open_from)
+        templates = [*last.templates[:shared], *conv.templates(shared)] if last is not None else conv.templates()
+        conv.set_fingerprints(fingerprints, templates)
+        self.history = RestoredHistory(parsed, list(conv.messages), fingerprints, templates, self.remaps, open_from)
 
     def _restored(self, msg: Message) -> Message | None:
         """The recorded output an echoed assistant turn is restored to (one copy per call), or None."""
