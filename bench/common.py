@@ -128,6 +128,13 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
+def fit_at(points: list[tuple[float, float]], size: float) -> float:
+    """The power law ``fit_exponent`` fits to ``points``, at ``size``: a figure from every point rather than one."""
+    xs, ys = [math.log(x) for x, _ in points], [math.log(max(y, 1e-9)) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return math.exp(my + fit_exponent(points) * (math.log(size) - mx))
+
+
 def report(bench: str, figures: dict[str, float | int | str], line: str) -> None:
     """Print the bench's figure as its last line and, when ``POLAR_BENCH_RESULTS`` names a JSON file (``make
     bench``), merge ``figures`` into it under the bench's name."""

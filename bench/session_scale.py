@@ -2,7 +2,8 @@
 tokenizer and template of tiny-qwen3) in front of a **stub engine**: it answers ``/v1/completions`` like vLLM (the
 prompt's ids echoed, a fixed short reply with ids and logprobs) and does no model work, so every figure is the
 proxy's own. A 200-call chat session whose history grows to 64k tokens, then one to 128k: the proxy process's CPU
-time per call (user + system, from /proc) against the context length and its fitted exponent; the bytes its records
+time per call (user + system, from /proc, in 10-call blocks) against the context length, its fitted exponent and the
+fit's value at 64k and 128k (a figure from every block, where one block's clock ticks leave it ±1 ms); the bytes its records
 take on disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k, 64k and
 128k tokens (the stages each record timestamps: request read and parsed, admitted, rendered, the stub engine's round
 trip, recorded). Then ``--sessions`` concurrent sessions at 32k-token contexts: the proxy's sustained calls/s. The last
@@ -28,7 +29,7 @@ import aiohttp
 import orjson
 from fastapi import FastAPI, Request, Response
 
-from bench.common import cpu_seconds, fit_exponent, new_session, proxy, report, rss_mb
+from bench.common import cpu_seconds, fit_at, fit_exponent, new_session, proxy, report, rss_mb
 from nemo_polar.paths import cache_dir
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.render.renderer import LocalRenderer
@@ -241,12 +242,14 @@ def main() -> None:
             rss_before = rss_mb(pid)
             points = asyncio.run(one_session(client.url, key, pid, args.calls, context, context))
             rss_growth = rss_mb(pid) - rss_before  # the session is still open: all it holds in memory
-            # /proc counts CPU in clock ticks (10 ms): per-call figures are means over blocks of 10 calls
+            # /proc counts CPU in clock ticks (10 ms): per-call figures are means over blocks of 10 calls, and the one
+            # at the context is the power law fitted to the blocks from context/8 on, read there (one block's mean is
+            # within a tick of its 10 calls, ±1 ms a call; the fit reads every block's ticks)
             blocks = [points[i : i + 10] for i in range(0, len(points) - 9, 10)]
             means = [(sum(x for x, _ in b) / len(b), sum(c for _, c in b) / len(b)) for b in blocks]
-            last_ms = 1000 * means[-1][1]
             fitted = [m for m in means if m[0] >= context / 8]
             exponent = fit_exponent(fitted)
+            last_ms = 1000 * fit_at(fitted, context)
             path = Path(cpu["record_dir"]) / f"{session_id}.jsonl"
             [records] = load_records([path]).values()
             unique = len(records[-1].prompt_token_ids) + len(records[-1].sampled_token_ids)
@@ -263,7 +266,8 @@ def main() -> None:
             }
             print(
                 f"{args.calls} calls to {unique:,} tokens: proxy CPU {1000 * fitted[0][1]:.1f} ms/call at "
-                f"{fitted[0][0] / 1024:.0f}k, {last_ms:.1f} ms/call at the end, "
+                f"{fitted[0][0] / 1024:.0f}k, {last_ms:.1f} ms/call at {k} (fitted; the last 10 calls: "
+                f"{1000 * means[-1][1]:.1f}), "
                 f"~ context^{exponent:.2f}; records {path.stat().st_size / unique:.1f} bytes per unique token; "
                 f"prefix merging {merge_calls_s:,.0f} calls/s; the open session holds {rss_growth:.0f} MB of the "
                 "proxy's memory"

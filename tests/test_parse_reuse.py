@@ -102,15 +102,26 @@ def test_a_continuation_s_prompt_json_and_count_extend_its_parent_s(sampled: lis
     )  # fmt: skip
     state = CallState(rec, "", Message(role="assistant", content="x"))
     full = [1, EOT, 2, 3, EOT, 4, 5, 6, EOT, 7, 8, EOT, 10]  # the whole history rendered afresh
-    memo = PromptMemo(parent_prompt, fastjson.dumps(parent_prompt), EOT, parent_prompt.count(EOT))
-    unknown = PromptMemo(list(parent_prompt), b"[0]", EOT, 0)  # another list: not this parent's prompt
+    memo = PromptMemo(parent_prompt, fastjson.dumps(parent_prompt), EOT, parent_prompt.count(EOT), len(parent_prompt))
+    unknown = PromptMemo(list(parent_prompt), b"[0]", EOT, 0, 6)  # another list: not this parent's prompt
     results = [_continue(state, full, EOT, "<eot>", last) for last in (memo, None, unknown)]
     ends = [i + 1 for i, t in enumerate(full) if t == EOT]  # the render's ends of turn, as its cache knows them
     results.append(_continue(state, full, EOT, "<eot>", memo, ends))
-    expected = [*parent_prompt, *sampled, *([] if sampled[-1] == EOT else [EOT]), 7, 8, EOT, 10]
+    # Committed with its records on disk, the parent shares its prompt's list: the first continuation extends that
+    # list in place, a second one (a branch) copies, and the parent's prompt reads the same throughout.
+    rec.share_prompt()
+    shared = rec.prompt_view()[0]
+    assert rec.prompt_token_ids == [] and rec.prompt_view() == (parent_prompt, 6)
+    shared_memo = PromptMemo(shared, fastjson.dumps(shared), EOT, shared.count(EOT), len(shared))
+    for _ in range(2):
+        results.append(_continue(state, full, EOT, "<eot>", shared_memo))
+        assert rec.prompt_view()[0][: rec.prompt_view()[1]] == parent_prompt
+    assert results[-2][0] is not None and results[-2][0].ids is shared  # the first: the parent's list, extended
+    assert results[-1][0] is not None and results[-1][0].ids is not shared
+    expected = [*parent_prompt[:6], *sampled, *([] if sampled[-1] == EOT else [EOT]), 7, 8, EOT, 10]
     for made, reason in results:
         assert reason == "continuation" and made is not None
-        assert made.ids == expected and made.json == fastjson.dumps(expected)
+        assert made.ids == expected and made.json == fastjson.dumps(expected) and made.length == len(expected)
         assert made.count == expected.count(EOT) and made.token == EOT
 
 

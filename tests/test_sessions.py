@@ -331,3 +331,33 @@ def test_a_port_promised_to_another_process_is_not_handed_out(tmp_path: Path, mo
     (tmp_path / "run" / "ports.json").write_text("not json")  # unreadable: this process's own still hold
     kernel_offers = iter([1, 2])
     assert launcher.free_port() == 2
+
+
+def test_a_live_session_s_records_are_read_from_its_file_whole_lines_only(tmp_path: Path) -> None:
+    """With a record_dir, a committed call's prompt list is shared with the calls that continue it (extended in place:
+    ``CallRecord.share_prompt``), so a live session's records are read from its file, as written; a line still being
+    appended is not read."""
+    from nemo_polar.proxy.conversation import Conversation, Message
+    from nemo_polar.proxy.store.records import CallRecord
+    from nemo_polar.proxy.store.sessions import SessionConfig, SessionStore
+
+    store = SessionStore(tmp_path)
+    session = store.create(SessionConfig())
+    conv = Conversation(model="m", messages=[Message(role="user", content="hi")])
+    made = []
+    for i in range(3):
+        prompt = [*made[-1].prompt_view()[0], 7, 8] if made else [1, 2, 3]
+        record = CallRecord(
+            call_id=f"c{i}", session_id=session.id, api="chat", mode="continuation", request={"n": i},
+            started_at=0, prompt_token_ids=prompt, sampled_token_ids=[5], complete=True,
+        )  # fmt: skip
+        session.writer.append_sync(record)
+        session.commit(record, conv, Message(role="assistant", content=f"r{i}"), [])
+        made.append(record)
+    assert [r.prompt_view()[1] for r in made] == [3, 5, 7] and made[0].prompt_token_ids == []
+    assert session.writer.path is not None
+    with session.writer.path.open("a") as fh:
+        fh.write('{"call_id": "half-writ')  # a line being appended
+    records = store.records(session.id) or []
+    assert [r.call_id for r in records] == ["c0", "c1", "c2"]
+    assert [r.prompt_token_ids for r in records] == [[1, 2, 3], [1, 2, 3, 7, 8], [1, 2, 3, 7, 8, 7, 8]]

@@ -150,12 +150,12 @@ async def plan(
         body["chat_template_kwargs"] = kwargs
     if mode == "chat_prefix" and parent is not None:
         # NeMo-RL's vLLM server splices these exact ids into its re-templated prompt; stock vLLM ignores them.
-        prefix = parent.record.prompt_token_ids + parent.record.sampled_token_ids
-        body["required_prefix_token_ids"] = prefix
+        before, n = parent.record.prompt_view()
+        body["required_prefix_token_ids"] = before[:n] + parent.record.sampled_token_ids
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         messages[last] = {  # a copy: the message's own dict is shared (Message.to_template)
             **messages[last],
-            "prompt_token_ids": parent.record.prompt_token_ids,
+            "prompt_token_ids": before[:n],
             "generation_token_ids": parent.record.sampled_token_ids,
         }
     render_reason = f"engine_render:{reason}"
@@ -191,7 +191,7 @@ def _prompt(
         memo, reason = _continue(parent, full, info.eot_id, info.eot_text, session.last_prompt, eot_ends)
         if memo is None:
             parent = None
-    session.last_prompt = memo or PromptMemo(list(full), fastjson.dumps(full), info.eot_id, -1)  # full: a render's
+    session.last_prompt = memo or PromptMemo(list(full), fastjson.dumps(full), info.eot_id, -1, len(full))
     return session.last_prompt, parent, reason
 
 
@@ -209,13 +209,17 @@ def _continue(
     if eot is None:
         return None, "no_single_end_of_turn_token"
     rec = parent.record
+    before, n = rec.prompt_view()
     # The cut below counts end-of-turn tokens. An end-of-turn inside the sampled turn (sampled as the token, or
     # spelled out in text, which the canonical render turns into the token) shifts that count, and the new part
     # would start inside the parent's turn: render the whole history afresh instead.
     if eot in rec.sampled_token_ids[:-1] or eot_text in (rec.output_text or ""):
         return None, "end_of_turn_in_sampled"
-    known = last if last is not None and last.ids is rec.prompt_token_ids and last.token == eot else None
-    closed = (known.count if known and known.count >= 0 else rec.prompt_token_ids.count(eot)) + 1  # + its own turn
+    known = last if last is not None and last.ids is before and last.length == n and last.token == eot else None
+    if known and known.count >= 0:
+        closed = known.count + 1  # + its own turn
+    else:
+        closed = (before.count(eot) if len(before) == n else before[:n].count(eot)) + 1
     if eot_ends is not None:
         cut = eot_ends[closed - 1] if closed <= len(eot_ends) else None
     else:
@@ -226,11 +230,17 @@ def _continue(
     if not added or added[-1] != eot:  # truncated or stopped on a stop string: close the turn as the template does
         added.append(eot)
     added += full[cut:]
-    prompt = rec.prompt_token_ids + added
+    # The parent's shared prompt list extended in place where nothing has extended it yet (a chain of calls keeps
+    # one list: no copy of the whole context a call), else a copy of the parent's prompt extended.
+    prompt = rec.shared_prompt()
+    if prompt is not None:
+        prompt += added
+    else:
+        prompt = (before if len(before) == n else before[:n]) + added
     # The JSON of a list of ints is its items' joined by commas: the parent's, then the added ones'
     json = b"".join([memoryview(known.json)[:-1], b",", fastjson.dumps(added)[1:]]) if known else fastjson.dumps(prompt)
     # the sampled turn holds one end of turn (checked above, or appended)
-    return PromptMemo(prompt, json, eot, closed + full[cut:].count(eot)), "continuation"
+    return PromptMemo(prompt, json, eot, closed + full[cut:].count(eot), len(prompt)), "continuation"
 
 
 def _check_context(prompt_len: int, max_tokens: int | None, max_len: int | None) -> None:

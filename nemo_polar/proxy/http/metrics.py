@@ -158,7 +158,7 @@ class ProxyMetrics:
             self.failures.labels(api, str(record.status_code), failure_reason(record.status_code, reason)).inc()
         elif record.finish_reason:
             self.finish.labels(record.finish_reason).inc()
-        self.prompt_tokens.labels(api).inc(len(record.prompt_token_ids))
+        self.prompt_tokens.labels(api).inc(record.prompt_view()[1])
         self.sampled_tokens.labels(api).inc(len(record.sampled_token_ids))
         if record.finished_at is not None:
             self.latency.labels(api, outcome).observe(max(record.finished_at - record.started_at, 0.0))

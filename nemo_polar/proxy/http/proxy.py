@@ -222,7 +222,7 @@ class Proxy:
             record.tokenize, record.template = the_plan.tokenize, the_plan.template
             record.system_messages = the_plan.system_messages
             record.sampling = the_plan.sampling
-            record.prompt_token_ids = the_plan.prompt_token_ids  # the engine is sent these: never changed in place
+            record.prompt_token_ids = the_plan.prompt_token_ids  # as sent; unchanged until committed (share_prompt)
             if the_plan.extends and the_plan.parent is not None:
                 record.prove_extends(the_plan.parent.record)
             record.reached("rendered")

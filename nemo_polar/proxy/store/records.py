@@ -131,9 +131,14 @@ class CallRecord(BaseModel):
         default=None, description="a failed call's error code as the harness got it (context_length_exceeded, ...)"
     )
     complete: bool = False
-    # Set by RecordReader for a prompt it rebuilt as an earlier record's prompt + sampled ids + new ids: those three
-    # lists. Holding while they are still the records' own lists, it proves the prefix without comparing them.
-    _extends: tuple[list[int], list[int], list[int]] | None = PrivateAttr(default=None)
+    # Set for a prompt built or read as an earlier record's prompt + sampled ids + new ids: that record's call id, its
+    # prompt's list and sampled ids, and this prompt's list. Holding while they are still the records' own lists, it
+    # proves the prefix without comparing them.
+    _extends: tuple[str, list[int], list[int], list[int]] | None = PrivateAttr(default=None)
+    # A committed call of a session whose records are on disk keeps its prompt as the first ``_shared_len`` ids of a
+    # list the calls that continue it extend in place (``share_prompt``): one list for a whole chain of calls.
+    _shared: list[int] | None = PrivateAttr(default=None)
+    _shared_len: int = PrivateAttr(default=0)
 
     @property
     def refused(self) -> bool:
@@ -143,14 +148,15 @@ class CallRecord(BaseModel):
         return not self.complete and 400 <= self.status_code < 499 and not self.sampled_token_ids
 
     def extends(self, parent: CallRecord) -> bool | None:
-        """True when this prompt is known to start with ``parent``'s prompt + sampled ids (as read), None when
-        not known either way."""
+        """True when this prompt is known to start with ``parent``'s prompt + sampled ids (as read, or as built),
+        None when not known either way."""
         proof = self._extends
         if proof is None:
             return None
-        before, sampled, prompt = proof
+        of, before, sampled, prompt = proof
         if (
-            before is parent.prompt_token_ids
+            of == parent.call_id
+            and before is parent.prompt_view()[0]
             and sampled is parent.sampled_token_ids
             and prompt is self.prompt_token_ids
         ):
@@ -160,7 +166,28 @@ class CallRecord(BaseModel):
     def prove_extends(self, parent: CallRecord) -> None:
         """Note that this prompt was built as ``parent``'s prompt + sampled ids + more (continuation), so that its
         writer stores it as what it adds without comparing (``extends``; void once either list is replaced)."""
-        self._extends = (parent.prompt_token_ids, parent.sampled_token_ids, self.prompt_token_ids)
+        self._extends = (parent.call_id, parent.prompt_view()[0], parent.sampled_token_ids, self.prompt_token_ids)
+
+    def prompt_view(self) -> tuple[list[int], int]:
+        """The prompt as a list and a length: the list's first ``length`` ids (the list may go on: ``share_prompt``).
+        What reads a live session's committed records in the proxy reads their prompts here."""
+        if self._shared is not None:
+            return self._shared, self._shared_len
+        return self.prompt_token_ids, len(self.prompt_token_ids)
+
+    def share_prompt(self) -> None:
+        """Once written: the prompt's list is handed to the calls that continue this one, which extend it in place
+        (``shared_prompt``), and is read through ``prompt_view``; ``prompt_token_ids`` is emptied, so that nothing reads
+        a list that has grown since. Readers of the session's records read them from its file."""
+        if self._shared is None:
+            self._shared, self._shared_len = self.prompt_token_ids, len(self.prompt_token_ids)
+            self.prompt_token_ids = []
+
+    def shared_prompt(self) -> list[int] | None:
+        """The list a call continuing this one may extend in place to make its prompt: this call's shared prompt,
+        where nothing has extended it yet; else None (a continuation copies the prompt)."""
+        shared = self._shared
+        return shared if shared is not None and len(shared) == self._shared_len else None
 
     @model_validator(mode="after")
     def _refuse_a_newer_record(self) -> CallRecord:
@@ -229,20 +256,19 @@ MIN_REQUEST_SHARED = 256  # characters a delta must save to be worth its indirec
 
 def _starts_with(prompt: list[int], parent: CallRecord, keep: int) -> bool:
     """``prompt`` starts with the first ``keep`` of ``parent``'s prompt + sampled ids (compared in place)."""
-    before = parent.prompt_token_ids
-    if keep <= len(before):
+    before, n = parent.prompt_view()
+    if keep <= n:
         return prompt[:keep] == before[:keep]
-    return (
-        prompt[: len(before)] == before and prompt[len(before) : keep] == parent.sampled_token_ids[: keep - len(before)]
-    )
+    return prompt[:n] == before[:n] and prompt[n:keep] == parent.sampled_token_ids[: keep - n]
 
 
 def _prompt_delta(record: CallRecord, parent: CallRecord, digests: RunningDigests) -> tuple[PromptDelta | None, Any]:
     """The prompt as what it adds to ``parent``'s prompt + sampled ids (or, failing that, to its prompt), and the
     running hash of the whole prompt. Continuation proves the first (``CallRecord.extends``) without comparing."""
     prompt = record.prompt_token_ids
-    whole = len(parent.prompt_token_ids) + len(parent.sampled_token_ids)
-    for keep, sampled in ((whole, True), (len(parent.prompt_token_ids), False)):
+    before = parent.prompt_view()[1]
+    whole = before + len(parent.sampled_token_ids)
+    for keep, sampled in ((whole, True), (before, False)):
         if not keep or keep > len(prompt):
             continue
         if (sampled and record.extends(parent)) or _starts_with(prompt, parent, keep):
@@ -414,7 +440,7 @@ class RecordReader:
             and delta is not None
             and delta.keep == len(base.prompt_token_ids) + len(base.sampled_token_ids)
         ):
-            record._extends = (base.prompt_token_ids, base.sampled_token_ids, record.prompt_token_ids)
+            record._extends = (base.call_id, base.prompt_token_ids, base.sampled_token_ids, record.prompt_token_ids)
         self._seen[record.call_id] = record
         if text is not None:
             self._texts.put(record.call_id, text)
@@ -437,12 +463,15 @@ class RecordReader:
         return text
 
 
-def iter_records(path: Path) -> Iterator[tuple[int, CallRecord]]:
+def iter_records(path: Path, *, written: bool = False) -> Iterator[tuple[int, CallRecord]]:
     """``(line number, record)`` for a session's JSONL; a corrupt line, or a record newer than this reader
-    (``schema_version``), raises naming the file and line."""
+    (``schema_version``), raises naming the file and line. ``written``: the file of a live session, whose last line may
+    still be being appended (no newline yet): only whole lines are read."""
     reader = RecordReader()
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
+            if written and not line.endswith("\n"):
+                return
             if not line.strip():
                 continue
             try:
@@ -453,5 +482,5 @@ def iter_records(path: Path) -> Iterator[tuple[int, CallRecord]]:
             yield lineno, record
 
 
-def read_records(path: Path) -> list[CallRecord]:
-    return [rec for _, rec in iter_records(path)]
+def read_records(path: Path, *, written: bool = False) -> list[CallRecord]:
+    return [rec for _, rec in iter_records(path, written=written)]

@@ -140,6 +140,7 @@ class PromptMemo:
     json: bytes
     token: int | None
     count: int
+    length: int  # of ids when planned (a prompt's list may be extended since: CallRecord.share_prompt)
 
 
 @dataclass
@@ -250,14 +251,15 @@ class Session:
 
     def find_parent(self, conv: Conversation) -> tuple[CallState | None, str]:
         """The call this request extends, or ``None`` and why the prompt must be rendered afresh."""
-        last = max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=None)
+        messages = conv.messages  # the last assistant turn, looked for from the end (it is near it)
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
         if last is None:
             return None, "first_call" if not self.answered_calls() else "new_conversation"
         source = conv.messages[last].source_call_id
         if source is None:
             return None, "assistant_turn_not_from_proxy"
         parent = self.calls[source]
-        if not parent.record.complete or not parent.record.prompt_token_ids:
+        if not parent.record.complete or not parent.record.prompt_view()[1]:
             return None, "parent_incomplete"
         if last == len(conv.messages) - 1:
             return None, "no_new_messages"
@@ -272,6 +274,8 @@ class Session:
         self.delivering.discard(record.call_id)
         if not record.complete or conv is None or output is None:
             return
+        if self.writer.path is not None:  # written: its records are read from the file, and its prompt's list is shared
+            record.share_prompt()
         self.calls[record.call_id] = CallState(record, conv.fingerprint(), output)
         for ident in [*echo_ids, *(c.id for c in output.tool_calls)]:
             if self.echo_index.setdefault(ident, record.call_id) != record.call_id:
@@ -342,11 +346,13 @@ class SessionStore:
         return session if session is not None and not session.closed else None
 
     def records(self, session_id: str) -> list[CallRecord] | None:
-        """A session's call records, live or closed, or ``None`` for an unknown id. Reads the disk for a closed
-        session: call it off the event loop."""
+        """A session's call records, live or closed, or ``None`` for an unknown id. Reads the disk where there is a
+        ``record_dir``: call it off the event loop."""
         session = self._by_id.get(session_id)
-        if session is not None:
+        if session is not None and session.writer.path is None:
             return list(session.records)
+        if session is not None:  # its file: what it has written, whole (its records in memory share their prompts)
+            return read_records(session.writer.path, written=True) if session.writer.path.exists() else []
         if session_id in self._closed:
             return list(self._closed[session_id])
         path = self._path(session_id) if SESSION_ID.match(session_id) else None
