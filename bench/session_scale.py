@@ -3,11 +3,11 @@ tokenizer and template of tiny-qwen3) in front of a **stub engine**: it answers 
 prompt's ids echoed, a fixed short reply with ids and logprobs) and does no model work, so every figure is the
 proxy's own. A 200-call chat session whose history grows to 64k tokens, then one to 128k: the proxy process's CPU
 time per call (user + system, from /proc, in 10-call blocks) against the context length, its fitted exponent and the
-fit's value at 64k and 128k (a figure from every block, where one block's clock ticks leave it ±1 ms); the bytes its records
-take on disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k, 64k and
-128k tokens (the stages each record timestamps: request read and parsed, admitted, rendered, the stub engine's round
-trip, recorded). Then ``--sessions`` concurrent sessions at 32k-token contexts: the proxy's sustained calls/s. The last
-line is the per-call CPU at 64k.
+fit's value at 64k and 128k (a figure from every block, where one block's clock ticks leave it ±1 ms); the bytes its
+records take on disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k,
+64k and 128k tokens (the stages each record timestamps: request read and parsed, admitted, rendered, the stub engine's
+round trip, recorded). Then ``--sessions`` concurrent sessions at 32k-token contexts: the proxy's sustained calls/s.
+The last line is the per-call CPU at 64k.
 
     python -m bench.session_scale [--calls 200] [--sessions 256] [--concurrent-context 32768]
 """
