@@ -3,8 +3,9 @@ tokenizer and template of tiny-qwen3) in front of a **stub engine**: it answers 
 prompt's ids echoed, a fixed short reply with ids and logprobs) and does no model work, so every figure is the
 proxy's own. A 200-call chat session whose history grows to 64k tokens, then one to 128k: the proxy process's CPU
 time per call (user + system, from /proc, in 10-call blocks) against the context length, its fitted exponent and the
-fit's value at 64k and 128k (a figure from every block, where one block's clock ticks leave it ±1 ms); the bytes its
-records take on disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k,
+fit's value at 64k and 128k (a figure from every block, where one block's clock ticks leave it ±1 ms); the memory the
+open session holds (the proxy's RSS once it has returned its allocator's free memory); the bytes its records take on
+disk per unique session token; prefix merging's calls/s on them; where a call's time goes at 8k, 32k,
 64k and 128k tokens (the stages each record timestamps: request read and parsed, admitted, rendered, the stub engine's
 round trip, recorded). Then ``--sessions`` concurrent sessions at 32k-token contexts: the proxy's sustained calls/s.
 The last line is the per-call CPU at 64k.
@@ -31,6 +32,7 @@ from fastapi import FastAPI, Request, Response
 
 from bench.common import cpu_seconds, fit_at, fit_exponent, new_session, proxy, report, rss_mb
 from nemo_polar.paths import cache_dir
+from nemo_polar.proxy.http.config import ProxyConfig
 from nemo_polar.proxy.http.serve import BackgroundServer
 from nemo_polar.proxy.render.renderer import LocalRenderer
 from nemo_polar.proxy.store.records import CallRecord
@@ -204,6 +206,12 @@ SPANS = {
 }
 
 
+def settled_rss(pid: int) -> float:
+    """The proxy's RSS (MB) once it has handed back the memory its allocator held free (``ProxyConfig.trim_heap_s``)."""
+    time.sleep((ProxyConfig.model_fields["trim_heap_s"].default or 0) + 1)
+    return rss_mb(pid)
+
+
 def stage_breakdown(records: list[CallRecord], at: list[int], window: int = 10) -> dict[int, dict[str, float]]:
     """Mean milliseconds per stage of the ``window`` calls whose prompt is nearest each context in ``at`` (the
     stages as each record timestamps them, and ``record`` from the last stage to the record's completion)."""
@@ -239,9 +247,9 @@ def main() -> None:
         pid = cpu["proxy_pid"]
         for context in args.contexts:
             session_id, key = client.create_session({"mode": "continuation"})
-            rss_before = rss_mb(pid)
+            rss_before = settled_rss(pid)
             points = asyncio.run(one_session(client.url, key, pid, args.calls, context, context))
-            rss_growth = rss_mb(pid) - rss_before  # the session is still open: all it holds in memory
+            rss_growth = settled_rss(pid) - rss_before  # the session is still open: all it holds in memory
             # /proc counts CPU in clock ticks (10 ms): per-call figures are means over blocks of 10 calls, and the one
             # at the context is the power law fitted to the blocks from context/8 on, read there (one block's mean is
             # within a tick of its 10 calls, ±1 ms a call; the fit reads every block's ticks)

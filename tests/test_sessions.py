@@ -361,3 +361,27 @@ def test_a_live_session_s_records_are_read_from_its_file_whole_lines_only(tmp_pa
     records = store.records(session.id) or []
     assert [r.call_id for r in records] == ["c0", "c1", "c2"]
     assert [r.prompt_token_ids for r in records] == [[1, 2, 3], [1, 2, 3, 7, 8], [1, 2, 3, 7, 8, 7, 8]]
+
+
+def test_the_proxy_returns_its_allocator_s_free_memory_every_so_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trim_heap`` calls glibc's ``malloc_trim`` every ``trim_heap_s`` seconds (found on this machine's libc) until
+    it is cancelled; where the libc has none it does nothing."""
+    from nemo_polar.proxy.http import proxy as proxy_module
+
+    real = proxy_module._malloc_trim()
+    assert real is not None and real(0) in (0, 1)
+    calls: list[int] = []
+    monkeypatch.setattr(proxy_module, "_malloc_trim", lambda: lambda pad: calls.append(pad) or 0)
+
+    async def run() -> None:
+        task = asyncio.create_task(proxy_module.trim_heap(0.001))
+        for _ in range(10_000):  # until it has trimmed twice, however slow the machine
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.001)
+        task.cancel()
+
+    asyncio.run(run())
+    assert calls[:2] == [0, 0]
+    monkeypatch.setattr(proxy_module, "_malloc_trim", lambda: None)
+    asyncio.run(asyncio.wait_for(proxy_module.trim_heap(0.001), 5))  # no malloc_trim: returns at once

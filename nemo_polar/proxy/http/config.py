@@ -67,6 +67,12 @@ class ProxyConfig(BaseModel):
         description="the proxy owns its process (`polar proxy`): freeze the start-up heap (settle_heap). Off where "
         "it runs inside another program, whose objects a freeze would keep from ever being collected",
     )
+    trim_heap_s: float | None = Field(
+        default=10.0,
+        gt=0,
+        description="every this many seconds, return the memory the allocator holds free to the system (trim_heap); "
+        "None: never",
+    )
     workers: int | None = Field(
         default=None,
         ge=1,

@@ -4,6 +4,8 @@ request, plans and runs the generation (streamed or whole), and commits the reco
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import functools
 import gc
 import gzip
@@ -386,6 +388,23 @@ def settle_heap() -> None:
 
 
 YOUNG_COLLECTION_AFTER = 10_000
+
+
+async def trim_heap(every_s: float) -> None:
+    """Every ``every_s`` seconds, hand the memory the allocator holds free back to the system (glibc's ``malloc_trim``;
+    nothing elsewhere). A call allocates and frees buffers the size of its context (the request body, the prompt's
+    JSON, its texts) in several threads, each with an arena of its own, and glibc keeps what they free: a 64k-token
+    session of 200 calls grew the proxy's RSS by ~220 MB while its live objects were 14 MB; a trim gave it all back
+    (bench.session_scale)."""
+    trim = _malloc_trim()
+    while trim is not None:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(trim, 0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    path = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(path), "malloc_trim", None) if path else None
 
 
 def _emit(emitter: StreamEmitter, ev: object) -> list[str]:
