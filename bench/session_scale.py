@@ -64,6 +64,7 @@ WORDS = [
 def stub_engine(local: LocalRenderer) -> FastAPI:
     """A stub engine (no model): vLLM's answers, in shape, for what the proxy asks."""
     app = FastAPI()
+    encode = local.tokenizer.backend_tokenizer.encode_batch_fast  # its reply's ids: the Rust tokenizer, no wrapper
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -92,7 +93,7 @@ def stub_engine(local: LocalRenderer) -> FastAPI:
             prompt = orjson.dumps(body["prompt"])
         count = prompt.count(b",") + 1 if prompt.startswith(b"[") and len(prompt) > 2 else 0
         text = REPLY.format(n=count)
-        reply_ids = [*local.encode(text), 151645]
+        reply_ids = [*encode([text], add_special_tokens=False)[0].ids, 151645]
         choice = {
             "index": 0,
             "text": text,
