@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.http.admission import AdmissionState
-from nemo_polar.proxy.http.proxy import Proxy, handle_proxy_errors, settle_heap, trim_heap
+from nemo_polar.proxy.http.proxy import Proxy, handle_proxy_errors, settle_heap
 from nemo_polar.proxy.parse.family_parser import (
     release_parser_worker,
 )
@@ -42,12 +42,8 @@ def admin_app(proxy: Proxy) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if config.freeze_heap:
             settle_heap()
-        watch = asyncio.create_task(proxy.metrics.watch_event_loop())  # the listeners share one loop
-        trim = asyncio.create_task(trim_heap(config.trim_heap_s)) if config.trim_heap_s else None
-        yield
-        watch.cancel()
-        if trim is not None:
-            trim.cancel()
+        async with proxy.periodic():
+            yield
         await proxy.engine.aclose()
         await asyncio.to_thread(release_parser_worker, proxy.parser_worker)
 

@@ -4,6 +4,7 @@ request, plans and runs the generation (streamed or whole), and commits the reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -64,6 +65,19 @@ class Proxy:
         self._traits: TemplateTraits | None = None
         # vLLM's own parsers, for formats not read in process: the process's worker, started on first use
         self.parser_worker = acquire_parser_worker()
+
+    @contextlib.asynccontextmanager
+    async def periodic(self) -> AsyncIterator[None]:
+        """The proxy's periodic work while it serves: the event loop's lag watched (the listeners share one loop),
+        the allocator's free memory returned every ``trim_heap_s``."""
+        tasks = [asyncio.create_task(self.metrics.watch_event_loop())]
+        if self.config.trim_heap_s:
+            tasks.append(asyncio.create_task(trim_heap(self.config.trim_heap_s)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def current_renderer(self) -> Renderer:
         """The engine renders until an in-process renderer has been verified against it (in the background)."""
