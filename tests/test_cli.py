@@ -127,6 +127,43 @@ def test_an_idle_keep_alive_connection_outlasts_the_clients_own_expiry() -> None
         conn.close()
 
 
+def test_the_proxys_connections_send_without_waiting_for_acks() -> None:
+    """Every accepted connection has TCP_NODELAY. asyncio sets it only where the socket's protocol is named TCP, and
+    an accepted socket inherits the listener's: a listener made without it left Nagle's algorithm on, and each small
+    answer written in two parts waited for the client's delayed ACK (~40 ms a call)."""
+    import asyncio
+    import http.client
+    import socket
+
+    from nemo_polar.proxy.http.config import ProxyConfig
+    from nemo_polar.proxy.http.serve import ProxyServer, _listen
+
+    with ProxyServer(ProxyConfig(engine_url="http://127.0.0.1:9", render="engine")) as server:
+        for url, listener in zip((server.url, server.admin_url), server._servers.servers, strict=True):
+            conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=10)
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            [protocol] = listener.server_state.connections
+            sock = protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            conn.close()
+
+    async def accepted_nodelay() -> int:  # asyncio's own loop too (uvloop sets it on every TCP socket it accepts)
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=_listen("127.0.0.1", None))
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            writer.close()
+            return await asyncio.wait_for(accepted, 10)
+
+    assert asyncio.run(accepted_nodelay()) == 1
+
+
 def test_the_proxys_listeners_hold_distinct_ports_from_construction() -> None:
     """Both listeners are bound when the server is built: no other socket can take either port before it starts
     (two separate free-port probes once handed both listeners the same port), and a taken port is a clear error."""

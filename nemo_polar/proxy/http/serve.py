@@ -46,7 +46,13 @@ class _Servers:
             uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S))
             for app, _, _ in apps
         ]
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        # The loop uvicorn itself would serve on (uvloop where installed, as ``uvicorn.run`` and vLLM do): a proxy
+        # call costs ~10% less CPU on it than on asyncio's own loop.
+        with asyncio.Runner(loop_factory=self.servers[0].config.get_loop_factory()) as runner:
+            runner.run(self._serve())
 
     async def _serve(self) -> None:
         await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(self.servers, self.sockets, strict=True)))
@@ -70,7 +76,11 @@ class _Servers:
 
 
 def _listen(host: str, port: int | None) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # The protocol named: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and an accepted socket
+    # inherits the listener's (0 when left out). Without it every small answer written in two parts waited for the
+    # peer's delayed ACK: ~40 ms a call.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port or 0))
