@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
+import uvloop
 
 from bench.common import cpu_seconds, report
 from bench.session_scale import stub_engine_process, tool_output
@@ -38,19 +39,31 @@ class Arm:
         rng = random.Random(1)
         opened = [_open(self.pool) for _ in range(sessions)]
         self.targets = [(worker_url, key) for worker_url, key in opened]
+        # Each history's messages as the JSON a harness sends, less the closing bracket: a call appends its turns'
+        # JSON, so the load generator's work per call stays what the call adds
         self.histories = [
-            [
-                {"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": tool_output(rng, context)},
-            ]
+            fastjson.dumps(
+                [
+                    {"role": "system", "content": "You are a coding agent."},
+                    {"role": "user", "content": tool_output(rng, context)},
+                ]
+            )[:-1]
             for _ in range(sessions)
         ]
         self.rates: list[float] = []
+        self.block_ms: list[float] = []  # the workers' CPU per call in each block
         self.cpu_s = self.wall_s = 0.0
         self.calls = 0
+        self.machine = [0, 0]  # the machine's busy and all clock ticks during the arm's timed blocks
 
     def pids(self) -> list[int]:
         return [r.pid for r in self.workers.ready]
+
+
+def cpu_times() -> tuple[int, int]:
+    """The machine's CPU time so far, in clock ticks: busy (everything but idle and I/O wait) and in all."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def _open(pool: ProxyPool) -> tuple[str, str]:
@@ -60,12 +73,13 @@ def _open(pool: ProxyPool) -> tuple[str, str]:
 
 async def _call(http: aiohttp.ClientSession, arm: Arm, i: int) -> None:
     url, key = arm.targets[i]
-    body = fastjson.dumps({"model": "local-model", "messages": arm.histories[i], "max_tokens": 16})
+    body = b'{"model":"local-model","max_tokens":16,"messages":' + arm.histories[i] + b"]}"
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     async with http.post(f"{url}/v1/chat/completions", data=body, headers=headers) as resp:
         resp.raise_for_status()
         reply = fastjson.loads(await resp.read())["choices"][0]["message"]["content"]
-    arm.histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
+    turns = [{"role": "assistant", "content": reply}, {"role": "user", "content": "ok, next"}]
+    arm.histories[i] += b"," + fastjson.dumps(turns)[1:-1]
 
 
 async def _block(http: aiohttp.ClientSession, arm: Arm, seconds: float) -> int:
@@ -85,31 +99,41 @@ async def _block(http: aiohttp.ClientSession, arm: Arm, seconds: float) -> int:
     return done
 
 
-async def measure(arms: list[Arm], blocks: int, seconds: float, stub: int) -> dict[str, float]:
-    """Each arm warmed (its first calls render whole histories), then ``blocks`` blocks each, ABBA; the CPU this
-    process and the stub engine's (``stub``, its pid) and each arm's workers took during the timed blocks."""
+async def measure(arms: list[Arm], blocks: int, seconds: float, stub: int) -> tuple[dict[str, float], list[float]]:
+    """Each arm warmed, then ``blocks`` blocks each, ABBA; the CPU this process and the stub engine (``stub``, its
+    pid) and each arm's workers took during the timed blocks."""
     connector = aiohttp.TCPConnector(limit=0)
-    busy = {"wall": 0.0, "load": 0.0}
+    busy = {"wall": 0.0, "client": 0.0, "stub": 0.0}
+    load_ms: list[float] = []  # the load side's CPU per call in each block, in the order they ran
 
-    def load() -> float:
-        return cpu_seconds(os.getpid()) + cpu_seconds(stub)
+    def load() -> tuple[float, float]:
+        return cpu_seconds(os.getpid()), cpu_seconds(stub)
 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
-        for arm in arms:
+        for arm in arms:  # warmed: the first calls render whole histories, and one untimed block settles what follows
             await asyncio.gather(*(_call(http, arm, i) for i in range(len(arm.targets))))
+            await _block(http, arm, seconds)
         for block in range(blocks):
             for arm in arms if block % 4 in (0, 3) else arms[::-1]:
-                cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), load()
+                cpu0, load0, machine0 = sum(cpu_seconds(p) for p in arm.pids()), load(), cpu_times()
                 t0 = time.perf_counter()
                 answered = await _block(http, arm, seconds)
                 wall = time.perf_counter() - t0  # the block and the drain of the calls in flight at its end
                 arm.rates.append(answered / seconds)
-                arm.cpu_s += sum(cpu_seconds(p) for p in arm.pids()) - cpu0
+                cpu = sum(cpu_seconds(p) for p in arm.pids()) - cpu0
+                arm.block_ms.append(1000 * cpu / max(answered, 1))
+                arm.cpu_s += cpu
                 arm.calls += answered
                 arm.wall_s += wall
                 busy["wall"] += wall
-                busy["load"] += load() - load0
-    return busy
+                machine1 = cpu_times()
+                arm.machine[0] += machine1[0] - machine0[0]
+                arm.machine[1] += machine1[1] - machine0[1]
+                (client1, stub1), (client0, stub0) = load(), load0
+                busy["client"] += client1 - client0
+                busy["stub"] += stub1 - stub0
+                load_ms.append(1000 * (client1 - client0 + stub1 - stub0) / max(answered, 1))
+    return busy, load_ms
 
 
 def _arms(stack: ExitStack, engine_url: str, counts: list[int], sessions: int, context: int) -> Iterator[Arm]:
@@ -133,30 +157,40 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     with stub_engine_process() as stub, ExitStack() as stack:
         arms = list(_arms(stack, stub.url, args.workers, args.sessions, args.context))
-        busy = asyncio.run(measure(arms, args.blocks, args.seconds, stub.pid))
+        busy, load_ms = uvloop.run(measure(arms, args.blocks, args.seconds, stub.pid))  # the loop the proxy serves on
     figures: dict[str, float] = {}
     for arm in arms:
         mean = sum(arm.rates) / len(arm.rates)
         figures[f"calls_per_s_{len(arm.pids())}"] = mean
+        rates, block_ms = (", ".join(f"{x:.1f}" for x in xs) for xs in (arm.rates, arm.block_ms))
         print(
-            f"{arm.name}: {mean:.1f} calls/s (blocks {', '.join(f'{r:.1f}' for r in arm.rates)}), "
-            f"worker CPU {1000 * arm.cpu_s / arm.calls:.1f} ms/call, the workers busy {arm.cpu_s / arm.wall_s:.2f} "
-            "cores"
+            f"{arm.name}: {mean:.1f} calls/s (blocks {rates}), worker CPU {1000 * arm.cpu_s / arm.calls:.1f} ms/call "
+            f"(blocks {block_ms}), the workers busy {arm.cpu_s / arm.wall_s:.2f} cores, the machine's cores "
+            f"{100 * arm.machine[0] / arm.machine[1]:.0f}% (all processes, the kernel's network work included)"
         )
         figures[f"worker_cores_{len(arm.pids())}"] = arm.cpu_s / arm.wall_s
-    load_share = busy["load"] / (busy["wall"] * cores)
+        figures[f"machine_busy_{len(arm.pids())}"] = arm.machine[0] / arm.machine[1]
+    client_share, stub_share = (busy[side] / (busy["wall"] * cores) for side in ("client", "stub"))
+    load_share = client_share + stub_share
+    calls = sum(arm.calls for arm in arms)
+    print(
+        f"the load side per call: client {1000 * busy['client'] / calls:.2f} ms, stub engine "
+        f"{1000 * busy['stub'] / calls:.2f} ms ({100 * client_share:.0f}% and {100 * stub_share:.0f}% of the cores); "
+        f"both, block by block: {', '.join(f'{ms:.2f}' for ms in load_ms)}"
+    )
     print(f"load average over the last 5 minutes: {os.getloadavg()[1]:.2f} on {cores} cores (all processes)")
     figures["load_generator_cpu_share"] = load_share
     (one, two), (n1, n2) = [figures[f"calls_per_s_{n}"] for n in args.workers], args.workers
     figures["ratio"] = two / one
     c1, c2 = (figures[f"worker_cores_{n}"] for n in args.workers)
+    m1, m2 = (figures[f"machine_busy_{n}"] for n in args.workers)
     report(
         "proxy_workers",
         {k: round(v, 3) for k, v in figures.items()},
         f"sustained calls/s at {args.sessions} sessions of {args.context // 1024}k: {n1} worker {one:.1f}, {n2} "
         f"workers {two:.1f} ({two / one:.2f}x) on {cores} cores shared with the load generator and stub engine "
-        f"({100 * load_share:.0f}% of them); the workers got {c1:.2f} and {c2:.2f} cores (load average "
-        f"{os.getloadavg()[1]:.1f})",
+        f"({100 * load_share:.0f}% of them); the workers got {c1:.2f} and {c2:.2f} cores, the machine's cores were "
+        f"{100 * m1:.0f}% and {100 * m2:.0f}% busy",
     )
 
 

@@ -21,14 +21,15 @@ import multiprocessing
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench.common import cpu_seconds, fit_at, fit_exponent, new_session, proxy, report, rss_mb
 from nemo_polar.paths import cache_dir
@@ -40,7 +41,9 @@ from nemo_polar.reconstruct.builders import prefix_merging
 from nemo_polar.reconstruct.io import load_records
 
 MODEL = cache_dir() / "models" / "tiny-qwen3"
-REPLY = "Ran it; next step {n}."  # numbered: a model's replies differ from call to call
+# Numbered by the prompt's size: a model's replies differ from call to call (a text the proxy sent twice names no one
+# call when a harness echoes it, and is looked up again on every later call)
+REPLY = "Ran it; next step {n}."
 WORDS = [
     "def",
     "return",
@@ -61,10 +64,12 @@ WORDS = [
 ]
 
 
-def stub_engine(local: LocalRenderer) -> FastAPI:
-    """A stub engine (no model): vLLM's answers, in shape, for what the proxy asks."""
+def stub_engine(local: LocalRenderer) -> ASGIApp:
+    """A stub engine (no model): vLLM's answers, in shape, for what the proxy asks. ``/v1/completions``, the one
+    route of every call, is served as a bare ASGI app in front of FastAPI's routing and request objects: the stub's
+    work on the cores the proxy runs on stays small beside the proxy's."""
     app = FastAPI()
-    encode = local.tokenizer.backend_tokenizer.encode_batch_fast  # its reply's ids: the Rust tokenizer, no wrapper
+    complete = _completion(local)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -77,35 +82,49 @@ def stub_engine(local: LocalRenderer) -> FastAPI:
             return {"tokens": local.render_sync(body["messages"], body.get("tools"), {})}
         return {"tokens": local.encode(body["prompt"])}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        # The prompt's ids are echoed as the bytes they came in (vLLM parses them and writes them back compact, as
-        # the proxy wrote them: the same bytes), and only the rest of the body is parsed: the stub's own work stays
-        # small beside the proxy's, and takes little of the cores the proxy runs on.
-        raw = await request.body()
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            return await app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        answer = complete(b"".join(chunks))
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    return serve
+
+
+def _completion(local: LocalRenderer) -> Callable[[bytes], bytes]:
+    """The stub's answer to a ``/v1/completions`` body: a fixed short reply, with the prompt's ids echoed as the
+    bytes they came in (vLLM parses them and writes them back compact, as the proxy wrote them: the same bytes), and
+    only the rest of the body parsed."""
+    encode = local.tokenizer.backend_tokenizer.encode_batch_fast  # its reply's ids: the Rust tokenizer, no wrapper
+
+    def complete(raw: bytes) -> bytes:
         at = raw.find(PROMPT_IDS)
         if at >= 0:
             end = raw.index(b"]", at) + 1
             prompt = raw[at + len(PROMPT_IDS) - 1 : end]
-            body = orjson.loads(raw[:at] + b'"prompt":0' + raw[end:])
         else:  # a text prompt: echoed as it came
-            body = orjson.loads(raw)
-            prompt = orjson.dumps(body["prompt"])
-        count = prompt.count(b",") + 1 if prompt.startswith(b"[") and len(prompt) > 2 else 0
-        text = REPLY.format(n=count)
-        reply_ids = [*encode([text], add_special_tokens=False)[0].ids, 151645]
+            prompt = orjson.dumps(orjson.loads(raw)["prompt"])
+        text = REPLY.format(n=len(prompt))  # not its ids counted: that took a third of the stub's time
+        ids = [*encode([text], add_special_tokens=False)[0].ids, 151645]
         choice = {
             "index": 0,
             "text": text,
-            "token_ids": reply_ids,
+            "token_ids": ids,
             "prompt_token_ids": ECHO,
             "finish_reason": "stop",
-            "logprobs": {"token_logprobs": [-0.5] * len(reply_ids)},
+            "logprobs": {"token_logprobs": [-0.5] * len(ids)},
         }
-        answer = orjson.dumps({"choices": [choice], "usage": {"prompt_tokens": count}})
-        return Response(answer.replace(orjson.dumps(ECHO), prompt, 1), media_type="application/json")
+        answer = orjson.dumps({"choices": [choice]})  # no usage: the proxy counts a prompt's ids itself
+        return answer.replace(orjson.dumps(ECHO), prompt, 1)
 
-    return app
+    return complete
 
 
 PROMPT_IDS = b'"prompt":['
@@ -156,8 +175,10 @@ async def call(http: aiohttp.ClientSession, url: str, key: str, messages: list[d
         return (await resp.json())["choices"][0]["message"]["content"]
 
 
-async def one_session(url: str, key: str, pid: int, calls: int, context: int, seed: int) -> list[tuple[int, float]]:
-    """(context tokens at the call, proxy CPU seconds of the call) per call."""
+async def one_session(
+    url: str, key: str, pid: int, calls: int, context: int, seed: int
+) -> list[tuple[int, float, float]]:
+    """(context tokens at the call, proxy CPU seconds of the call, its wall seconds as the harness waited) per call."""
     rng = random.Random(seed)
     step = context // calls
     messages: list[dict[str, Any]] = [
@@ -167,9 +188,9 @@ async def one_session(url: str, key: str, pid: int, calls: int, context: int, se
     points = []
     async with aiohttp.ClientSession() as http:
         for i in range(calls):
-            before = cpu_seconds(pid)
+            before, t0 = cpu_seconds(pid), time.perf_counter()
             reply = await call(http, url, key, messages)
-            points.append((1000 + i * step, cpu_seconds(pid) - before))
+            points.append((1000 + i * step, cpu_seconds(pid) - before, time.perf_counter() - t0))
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": tool_output(rng, step)}]
     return points
 
@@ -255,7 +276,8 @@ def main() -> None:
             # at the context is the power law fitted to the blocks from context/8 on, read there (one block's mean is
             # within a tick of its 10 calls, ±1 ms a call; the fit reads every block's ticks)
             blocks = [points[i : i + 10] for i in range(0, len(points) - 9, 10)]
-            means = [(sum(x for x, _ in b) / len(b), sum(c for _, c in b) / len(b)) for b in blocks]
+            means = [(sum(p[0] for p in b) / len(b), sum(p[1] for p in b) / len(b)) for b in blocks]
+            wall_ms = 1000 * sum(p[2] for p in points[-10:]) / 10  # the harness's wait, the stub engine's included
             fitted = [m for m in means if m[0] >= context / 8]
             exponent = fit_exponent(fitted)
             last_ms = 1000 * fit_at(fitted, context)
@@ -272,11 +294,12 @@ def main() -> None:
                 f"bytes_per_unique_token_{k}": path.stat().st_size / unique,
                 f"merge_calls_per_s_{k}": merge_calls_s,
                 f"proxy_rss_mb_per_session_{k}": rss_growth,
+                f"wall_ms_per_call_{k}": wall_ms,
             }
             print(
                 f"{args.calls} calls to {unique:,} tokens: proxy CPU {1000 * fitted[0][1]:.1f} ms/call at "
                 f"{fitted[0][0] / 1024:.0f}k, {last_ms:.1f} ms/call at {k} (fitted; the last 10 calls: "
-                f"{1000 * means[-1][1]:.1f}), "
+                f"{1000 * means[-1][1]:.1f}; a call's wall time {wall_ms:.1f} ms), "
                 f"~ context^{exponent:.2f}; records {path.stat().st_size / unique:.1f} bytes per unique token; "
                 f"prefix merging {merge_calls_s:,.0f} calls/s; the open session holds {rss_growth:.0f} MB of the "
                 "proxy's memory"

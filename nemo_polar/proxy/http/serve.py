@@ -15,7 +15,7 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from nemo_polar.proxy.http.app import ProxyApps, create_apps
 from nemo_polar.proxy.http.client import ProxyClient
@@ -32,7 +32,7 @@ class _Servers:
 
     ``apps`` are (app, host, port); port ``None`` binds a free one, read back from :attr:`ports`."""
 
-    def __init__(self, apps: list[tuple[FastAPI, str, int | None]], log_level: str = "warning") -> None:
+    def __init__(self, apps: list[tuple[ASGIApp, str, int | None]], log_level: str = "warning") -> None:
         self.sockets: list[socket.socket] = []
         try:
             for _, host, port in apps:
@@ -95,7 +95,7 @@ def _listen(host: str, port: int | None) -> socket.socket:
 class BackgroundServer:
     """Run one ASGI app with uvicorn in a daemon thread."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int | None = None) -> None:
         self.host = host
         self._servers = _Servers([(app, host, port)])
         self.port = self._servers.ports[0]
