@@ -211,3 +211,44 @@ def test_a_growing_history_is_restored_and_digested_as_a_whole_restore_does() ->
     session.restore(conv)
     sources = [m.source_call_id for m in conv.messages if m.role == "assistant"]
     assert sources == ["call-2", "call-4", "call-100", "call-2", "call-3", "call-4"]  # a text's last call; the late one
+
+
+def test_a_text_given_again_restores_afresh_only_from_its_first_turn() -> None:
+    """A reply text given again points its turns at the later call (``Session.remapped``): the next request restores
+    afresh from the first turn with that text, and reuses every turn before it as it was restored. Ids given again
+    likewise. The turns, their calls and the fingerprints are those a restore of the whole history gives."""
+    session = Session("s", "k", SessionConfig(), RecordWriter(None))
+    memos = ParseMemos()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    looked: list[Message] = []
+    lookup = session._restored
+    session._restored = lambda m: looked.append(m) or lookup(m)  # type: ignore[method-assign]
+    steps = [("a", []), ("b", []), ("", ["call_x"]), ("c", []), ("d", []), ("c", []), ("", ["call_x"]), ("e", [])]
+    for n, (text, ids) in enumerate(steps):
+        conv = chat.parse(body(history), memos)
+        looked.clear()
+        session.restore(conv)
+        asked = [m.content or m.tool_calls[0].id for m in looked]
+        if n == 6:  # call 5 gave "c" again: from the first "c" on
+            assert asked == ["c", "d", "c"]
+        elif n == 7:  # call 6 gave the id call_x again: from its first turn on
+            assert asked == ["call_x", "c", "d", "c", "call_x"]
+        elif n:
+            assert len(asked) == 1  # only the turn added
+        whole = chat.parse(body(history))
+        reference = Session("s", "k", SessionConfig(), RecordWriter(None))
+        reference.__dict__.update({k: v for k, v in session.__dict__.items() if k not in ("history", "memos")})
+        reference.restore(whole)
+        assert _as_restored(conv) == _as_restored(whole)
+        assert [conv.fingerprint(k) for k in range(len(history) + 1)] == [
+            fingerprint(whole.messages[:k], whole.tools) for k in range(len(history) + 1)
+        ]
+        _commit(session, conv, n, text, ids)
+        if ids:
+            history += [{"role": "assistant", "content": "", "tool_calls": [{"id": ids[0], "type": "function",
+                        "function": {"name": "bash", "arguments": "{}"}}]},
+                        {"role": "tool", "tool_call_id": ids[0], "content": f"ran {n}"}]  # fmt: skip
+        else:
+            history += [{"role": "assistant", "content": text}, {"role": "user", "content": f"step {n}"}]
+    sources = [m.source_call_id for m in conv.messages if m.role == "assistant"]
+    assert sources == ["call-0", "call-1", "call-6", "call-5", "call-4", "call-5", "call-6"]

@@ -152,7 +152,7 @@ class RestoredHistory:
     restored: list[Message]
     fingerprints: RunningFingerprints
     templates: list[dict[str, Any]]  # each restored message's Message.to_template
-    remaps: int  # the session's Session.remaps when restored
+    remaps: int  # the session's Session.remaps when restored (its remapped keys up to then)
     open_from: int  # the first assistant turn no call was found for (len(parsed): none); a later one may find one
 
 
@@ -181,7 +181,13 @@ class Session:
     # call id -> its output as echoed turns are restored to (one copy, shared: messages are not changed once parsed)
     restored: dict[str, Message] = field(default_factory=dict)
     history: RestoredHistory | None = None  # the last request's, for the next to restore only what it adds
-    remaps: int = 0  # commits that pointed an emitted id or a reply text at another call: restored turns may differ
+    # Each emitted id or reply text a commit pointed at another call, in order: turns that echo one of those since the
+    # last request may restore differently
+    remapped: list[str] = field(default_factory=list)
+
+    @property
+    def remaps(self) -> int:
+        return len(self.remapped)
 
     def answered_calls(self) -> int:
         """Calls the harness has an answer from: completed, or in flight with their tool calls already delivered. A
@@ -204,8 +210,10 @@ class Session:
         digested."""
         last, parsed = self.history, list(conv.messages)
         shared = 0
-        if last is not None and last.remaps == self.remaps:
+        if last is not None:
             shared = same_objects(parsed, last.parsed, last.open_from)
+            if last.remaps != self.remaps:  # restored again from the first turn that echoes a key pointed elsewhere
+                shared = _first_echoing(parsed, shared, set(self.remapped[last.remaps :]))
             conv.messages[:shared] = last.restored[:shared]
         open_from = len(parsed)
         for i in range(shared, len(parsed)):
@@ -281,11 +289,23 @@ class Session:
             if self.echo_index.setdefault(ident, record.call_id) != record.call_id:
                 self.shared_echo_ids.add(ident)
                 self.echo_index[ident] = record.call_id
-                self.remaps += 1
+                self.remapped.append(ident)
         text = output.content if not output.tool_calls else ""
         if text and self.text_index.setdefault(text, record.call_id) != record.call_id:
             self.text_index[text] = record.call_id
-            self.remaps += 1
+            self.remapped.append(text)
+
+
+def _first_echoing(messages: list[Message], upto: int, keys: set[str]) -> int:
+    """The first of ``messages[:upto]`` whose restoring reads one of ``keys`` (an emitted id or a reply text: what
+    ``Session._restored`` looks up), else ``upto``."""
+    for i in range(upto):
+        msg = messages[i]
+        if msg.role == "assistant" and (
+            msg.content in keys or any(e in keys for e in msg.echo_ids) or any(c.id in keys for c in msg.tool_calls)
+        ):
+            return i
+    return upto
 
 
 @dataclass
