@@ -169,6 +169,19 @@ def _as_restored(conv: Any) -> list[tuple[Any, ...]]:
     return [(m.model_dump(), m.source_call_id) for m in conv.messages]
 
 
+def _assert_restored_as_whole(session: Session, conv: Any, history: list[dict[str, Any]]) -> None:
+    """``conv`` (restored by ``session``, reusing its last request's) has the turns, calls and running fingerprints
+    that a restore of the whole ``history`` gives, by a session in the same state with no last request."""
+    whole = chat.parse(body(history))
+    reference = Session("s", "k", SessionConfig(), RecordWriter(None))
+    reference.__dict__.update({k: v for k, v in session.__dict__.items() if k not in ("history", "memos")})
+    reference.restore(whole)
+    assert _as_restored(conv) == _as_restored(whole)
+    assert [conv.fingerprint(k) for k in range(len(history) + 1)] == [
+        fingerprint(whole.messages[:k], whole.tools) for k in range(len(history) + 1)
+    ]
+
+
 def test_a_growing_history_is_restored_and_digested_as_a_whole_restore_does() -> None:
     """``Session.restore`` reuses the last request's restored turns and running fingerprints where the history starts
     with the same parsed messages; the turns and fingerprints must be those a restore of the whole history gives, also
@@ -189,14 +202,7 @@ def test_a_growing_history_is_restored_and_digested_as_a_whole_restore_does() ->
             assert [m.content for m in looked] == [replies[n - 1]]
         elif n:  # call 2 gave "looking" again: every turn is looked up afresh
             assert len(looked) == n + 1
-        whole = chat.parse(body(history))
-        reference = Session("s", "k", SessionConfig(), RecordWriter(None))
-        reference.__dict__.update({k: v for k, v in session.__dict__.items() if k not in ("history", "memos")})
-        reference.restore(whole)
-        assert _as_restored(conv) == _as_restored(whole)
-        assert [conv.fingerprint(k) for k in range(len(history) + 1)] == [
-            fingerprint(whole.messages[:k], whole.tools) for k in range(len(history) + 1)
-        ]
+        _assert_restored_as_whole(session, conv, history)
         if n == 2:  # a turn the harness already has while its call is in flight: not restored until it commits
             history += [{"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_late", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
@@ -235,14 +241,7 @@ def test_a_text_given_again_restores_afresh_only_from_its_first_turn() -> None:
             assert asked == ["call_x", "c", "d", "c", "call_x"]
         elif n:
             assert len(asked) == 1  # only the turn added
-        whole = chat.parse(body(history))
-        reference = Session("s", "k", SessionConfig(), RecordWriter(None))
-        reference.__dict__.update({k: v for k, v in session.__dict__.items() if k not in ("history", "memos")})
-        reference.restore(whole)
-        assert _as_restored(conv) == _as_restored(whole)
-        assert [conv.fingerprint(k) for k in range(len(history) + 1)] == [
-            fingerprint(whole.messages[:k], whole.tools) for k in range(len(history) + 1)
-        ]
+        _assert_restored_as_whole(session, conv, history)
         _commit(session, conv, n, text, ids)
         if ids:
             history += [{"role": "assistant", "content": "", "tool_calls": [{"id": ids[0], "type": "function",
