@@ -205,9 +205,9 @@ class Session:
         """Replace echoed assistant turns the proxy produced by the exact recorded output, and note the history's
         running fingerprints on ``conv`` (``Conversation.fingerprint``). A harness resends its whole history: where
         ``conv`` starts with the same parsed messages as the last request (``PrefixMemo`` hands back the same
-        objects), those are restored as they were then, unless a commit since pointed an id or a text at another
-        call (``remaps``) or one of them found no call then; only the messages after them are looked up and
-        digested."""
+        objects), those are restored as they were then, up to the first that found no call then or that echoes an id
+        or a text a commit since pointed at another call (``remapped``); only the messages from there are looked up
+        and digested."""
         last, parsed = self.history, list(conv.messages)
         shared = 0
         if last is not None:
