@@ -1,11 +1,12 @@
 """Proxy worker processes side by side: sustained calls/s of ``--sessions`` concurrent sessions at 32k-token contexts
 through one worker process and through two (``ProxyWorkers``: each a whole proxy, the sessions split between them
-by the pool), in blocks alternating ABBA so both arms meet the same machine. The engine is a stub (vLLM's answers in
+by the pool), in blocks of the same number of calls alternating ABBA, so both arms meet the same machine and the
+same histories. The engine is a stub (vLLM's answers in
 shape, the prompt's ids echoed, no model work), so the figure is the proxy's own; the load generator (this process)
 and the stub engine (a process of its own) run on the same cores as the workers, and the CPU each side took is
 printed beside the rates. The last line is the ratio.
 
-    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--seconds 20]
+    python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--calls 4000]
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Arm:
         self.block_ms: list[float] = []  # the workers' CPU per call in each block
         self.cpu_s = self.wall_s = 0.0
         self.calls = 0
-        self.machine = [0, 0]  # the machine's busy and all clock ticks during the arm's timed blocks
+        self.machine = [0, 0]  # the machine's busy and all clock ticks during the arm's timed blocks (drains not)
 
     def pids(self) -> list[int]:
         return [r.pid for r in self.workers.ready]
@@ -82,24 +83,29 @@ async def _call(http: aiohttp.ClientSession, arm: Arm, i: int) -> None:
     arm.histories[i] += b"," + fastjson.dumps(turns)[1:-1]
 
 
-async def _block(http: aiohttp.ClientSession, arm: Arm, seconds: float) -> int:
+async def _block(http: aiohttp.ClientSession, arm: Arm, calls: int) -> tuple[float, int]:
     """Every session calls again as soon as its call returns, each on its own (no round waits for the slowest
-    session), until ``seconds`` have passed; the calls answered by then. Those in flight then finish before it
-    returns, so blocks do not overlap."""
-    deadline = time.perf_counter() + seconds
-    done = 0
+    session), until ``calls`` calls are answered: the seconds that took (the machine's clock ticks over them added
+    to ``arm.machine``), and the calls answered in all. The calls in flight then finish, untimed, before it returns,
+    so blocks do not overlap. Every arm does the same work: a block of fixed length would hand the faster arm more
+    calls, and so longer histories in its later blocks."""
+    t0, ticks0 = time.perf_counter(), cpu_times()
+    done, took = 0, 0.0
 
     async def session(i: int) -> None:
-        nonlocal done
-        while time.perf_counter() < deadline:
+        nonlocal done, took
+        while done < calls:
             await _call(http, arm, i)
-            done += time.perf_counter() <= deadline
+            done += 1
+            if done == calls:
+                took, ticks = time.perf_counter() - t0, cpu_times()
+                arm.machine = [arm.machine[0] + ticks[0] - ticks0[0], arm.machine[1] + ticks[1] - ticks0[1]]
 
     await asyncio.gather(*(session(i) for i in range(len(arm.targets))))
-    return done
+    return took, done
 
 
-async def measure(arms: list[Arm], blocks: int, seconds: float, stub: int) -> tuple[dict[str, float], list[float]]:
+async def measure(arms: list[Arm], blocks: int, calls: int, stub: int) -> tuple[dict[str, float], list[float]]:
     """Each arm warmed, then ``blocks`` blocks each, ABBA; the CPU this process and the stub engine (``stub``, its
     pid) and each arm's workers took during the timed blocks."""
     connector = aiohttp.TCPConnector(limit=0)
@@ -112,23 +118,21 @@ async def measure(arms: list[Arm], blocks: int, seconds: float, stub: int) -> tu
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
         for arm in arms:  # warmed: the first calls render whole histories, and one untimed block settles what follows
             await asyncio.gather(*(_call(http, arm, i) for i in range(len(arm.targets))))
-            await _block(http, arm, seconds)
+            await _block(http, arm, calls)
+            arm.machine = [0, 0]
         for block in range(blocks):
             for arm in arms if block % 4 in (0, 3) else arms[::-1]:
-                cpu0, load0, machine0 = sum(cpu_seconds(p) for p in arm.pids()), load(), cpu_times()
+                cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), load()
                 t0 = time.perf_counter()
-                answered = await _block(http, arm, seconds)
+                took, answered = await _block(http, arm, calls)
                 wall = time.perf_counter() - t0  # the block and the drain of the calls in flight at its end
-                arm.rates.append(answered / seconds)
+                arm.rates.append(calls / took)
                 cpu = sum(cpu_seconds(p) for p in arm.pids()) - cpu0
                 arm.block_ms.append(1000 * cpu / max(answered, 1))
                 arm.cpu_s += cpu
                 arm.calls += answered
                 arm.wall_s += wall
                 busy["wall"] += wall
-                machine1 = cpu_times()
-                arm.machine[0] += machine1[0] - machine0[0]
-                arm.machine[1] += machine1[1] - machine0[1]
                 (client1, stub1), (client0, stub0) = load(), load0
                 busy["client"] += client1 - client0
                 busy["stub"] += stub1 - stub0
@@ -152,12 +156,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--workers", type=int, nargs=2, default=[1, 2], help="the two arms' worker counts")
     parser.add_argument("--blocks", type=int, default=8, help="timed blocks per arm (ABBA)")
-    parser.add_argument("--seconds", type=float, default=20, help="length of a timed block")
+    parser.add_argument("--calls", type=int, default=4000, help="calls answered in a timed block")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     with stub_engine_process() as stub, ExitStack() as stack:
         arms = list(_arms(stack, stub.url, args.workers, args.sessions, args.context))
-        busy, load_ms = uvloop.run(measure(arms, args.blocks, args.seconds, stub.pid))  # the loop the proxy serves on
+        busy, load_ms = uvloop.run(measure(arms, args.blocks, args.calls, stub.pid))  # the loop the proxy serves on
     figures: dict[str, float] = {}
     for arm in arms:
         mean = sum(arm.rates) / len(arm.rates)

@@ -109,8 +109,8 @@ SPECS: dict[str, Spec] = {
         [("CPU ms/call 64k", "cpu_ms_per_call_64k"), ("CPU ms/call 128k", "cpu_ms_per_call_128k")],
     ),
     "proxy_workers": Spec(
-        "256 sessions at 32k through 1 and through 2 proxy worker processes side by side (ABBA blocks, stub engine); "
-        "the load generator and stub engine share the same cores",
+        "256 sessions at 32k through 1 and through 2 proxy worker processes side by side (ABBA blocks of equal calls, "
+        "stub engine); the load generator and stub engine share the same cores",
         "python -m bench.proxy_workers",
         "2 workers ≥ 1.6× 1 worker's calls/s",
         lambda f: f["ratio"] >= 1.6,
