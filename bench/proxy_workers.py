@@ -1,10 +1,9 @@
 """Proxy worker processes side by side: sustained calls/s of ``--sessions`` concurrent sessions at 32k-token contexts
 through one worker process and through two (``ProxyWorkers``: each a whole proxy, the sessions split between them
 by the pool), in blocks of the same number of calls alternating ABBA, so both arms meet the same machine and the
-same histories. The engine is a stub (vLLM's answers in
-shape, the prompt's ids echoed, no model work), so the figure is the proxy's own; the load generator (this process)
-and the stub engine (a process of its own) run on the same cores as the workers, and the CPU each side took is
-printed beside the rates. The last line is the ratio.
+same histories. The engine is a stub (vLLM's answers in shape, the prompt's ids echoed, no model work), so the figure
+is the proxy's own; the load generator (this process) and the stub engine (a process of its own) run on the same
+cores as the workers, and the CPU each side took is printed beside the rates. The last line is the ratio.
 
     python -m bench.proxy_workers [--sessions 256] [--context 32768] [--blocks 8] [--calls 4000]
 """
@@ -83,26 +82,25 @@ async def _call(http: aiohttp.ClientSession, arm: Arm, i: int) -> None:
     arm.histories[i] += b"," + fastjson.dumps(turns)[1:-1]
 
 
-async def _block(http: aiohttp.ClientSession, arm: Arm, calls: int) -> tuple[float, int]:
+async def _block(http: aiohttp.ClientSession, arm: Arm, calls: int) -> tuple[float, list[int], int]:
     """Every session calls again as soon as its call returns, each on its own (no round waits for the slowest
-    session), until ``calls`` calls are answered: the seconds that took (the machine's clock ticks over them added
-    to ``arm.machine``), and the calls answered in all. The calls in flight then finish, untimed, before it returns,
+    session), until ``calls`` calls are answered: the seconds that took, the machine's busy and all clock ticks over
+    them, and the calls answered in all. The calls in flight then finish, untimed, before it returns,
     so blocks do not overlap. Every arm does the same work: a block of fixed length would hand the faster arm more
     calls, and so longer histories in its later blocks."""
     t0, ticks0 = time.perf_counter(), cpu_times()
-    done, took = 0, 0.0
+    done, took, ticks = 0, 0.0, [0, 0]
 
     async def session(i: int) -> None:
-        nonlocal done, took
+        nonlocal done, took, ticks
         while done < calls:
             await _call(http, arm, i)
             done += 1
             if done == calls:
-                took, ticks = time.perf_counter() - t0, cpu_times()
-                arm.machine = [arm.machine[0] + ticks[0] - ticks0[0], arm.machine[1] + ticks[1] - ticks0[1]]
+                took, ticks = time.perf_counter() - t0, [a - b for a, b in zip(cpu_times(), ticks0, strict=True)]
 
     await asyncio.gather(*(session(i) for i in range(len(arm.targets))))
-    return took, done
+    return took, ticks, done
 
 
 async def measure(arms: list[Arm], blocks: int, calls: int, stub: int) -> tuple[dict[str, float], list[float]]:
@@ -119,12 +117,12 @@ async def measure(arms: list[Arm], blocks: int, calls: int, stub: int) -> tuple[
         for arm in arms:  # warmed: the first calls render whole histories, and one untimed block settles what follows
             await asyncio.gather(*(_call(http, arm, i) for i in range(len(arm.targets))))
             await _block(http, arm, calls)
-            arm.machine = [0, 0]
         for block in range(blocks):
             for arm in arms if block % 4 in (0, 3) else arms[::-1]:
                 cpu0, load0 = sum(cpu_seconds(p) for p in arm.pids()), load()
                 t0 = time.perf_counter()
-                took, answered = await _block(http, arm, calls)
+                took, ticks, answered = await _block(http, arm, calls)
+                arm.machine = [arm.machine[0] + ticks[0], arm.machine[1] + ticks[1]]
                 wall = time.perf_counter() - t0  # the block and the drain of the calls in flight at its end
                 arm.rates.append(calls / took)
                 cpu = sum(cpu_seconds(p) for p in arm.pids()) - cpu0
