@@ -95,8 +95,8 @@ class Connection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, url: str) -> Connection:
-        host, port = urlsplit(url).hostname, urlsplit(url).port
-        _, connection = await asyncio.get_running_loop().create_connection(cls, host, port)
+        where = urlsplit(url)
+        _, connection = await asyncio.get_running_loop().create_connection(cls, where.hostname, where.port)
         return connection
 
     def close(self) -> None:
