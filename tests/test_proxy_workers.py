@@ -157,6 +157,7 @@ def test_every_workers_records_read_as_one_store(node: Node) -> None:
     assert node.pool.total("polar_calls_total", outcome="completed") == calls
     text = node.pool.metrics()
     assert 'worker="0"' in text and 'worker="1"' in text and "polar_calls_total{" in text
+    assert 'polar_pool_worker_up{worker="0"} 1.0' in text and 'polar_pool_worker_up{worker="1"} 1.0' in text
 
 
 def test_worker_ports_and_bad_counts() -> None:
@@ -197,8 +198,10 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
     threading.Thread(target=lambda: [said.put(line) for line in proc.stderr or []], daemon=True).start()
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(4)]
+        lines = [proc.stdout.readline() for _ in range(5)]
         assert lines[0].startswith("model API") and lines[2].startswith("worker 1"), lines
+        pool_api = lines[4].split()[2]  # "pool API   <url>   (...)"
+        assert lines[4].startswith("pool API") and loopback.get(f"{pool_api}/metrics").status_code == 401
         assert "polar-admin-test-workers" not in pool_file.read_text()
         pool = ProxyPool.model_validate_json(pool_file.read_text())
         assert len(pool.workers) == 2 and pool.workers[1].admin_token == "polar-admin-test-workers"
@@ -209,11 +212,22 @@ def test_polar_proxy_serves_workers_and_stops_them(node: Node, tmp_path: Path, m
         assert [r.session_id for r in load_records([records / f"{sid}.jsonl"])[sid]] == [sid]
         health = worker.health()
         assert health["worker"] == 1
+        admin = {"authorization": "Bearer polar-admin-test-workers"}
+        scrape = loopback.get(f"{pool_api}/metrics", headers=admin).text
+        assert 'polar_calls_total{api="chat",mode="continuation",outcome="completed",worker="1"} 1.0' in scrape
+        assert 'polar_pool_worker_up{worker="0"} 1.0' in scrape and 'polar_pool_worker_up{worker="1"} 1.0' in scrape
+        assert loopback.get(f"{pool_api}/health", headers=admin).json()["consistent"]
         os.kill(health["pid"], signal.SIGKILL)
         while "exited" not in (line := said.get(timeout=60)):
             pass
         assert f"worker 1 exited with status {-signal.SIGKILL}" in line
         assert pool.workers[0].health()["status"] == "ok"  # the other keeps serving
+        # the pool's scrape goes on without the dead worker and says which is down; its health names it
+        scrape = loopback.get(f"{pool_api}/metrics", headers=admin).text
+        assert 'polar_pool_worker_up{worker="1"} 0.0' in scrape and 'worker="1"} 1.0' not in scrape
+        assert 'polar_pool_worker_up{worker="0"} 1.0' in scrape and 'outcome="completed",worker="1"' not in scrape
+        sick = loopback.get(f"{pool_api}/health", headers=admin)
+        assert sick.status_code == 503 and pool.workers[1].admin_url in sick.text
     finally:
         proc.send_signal(signal.SIGTERM)  # the command alone: its workers must stop with it
         assert proc.wait(60) == 0

@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="write the workers' addresses here as JSON (ProxyPool, without the admin token) for the rollout side",
     )
+    proxy.add_argument(
+        "--pool-port",
+        type=int,
+        help="with workers: the pool's admin API (/metrics: every worker's, labelled; /health), behind the admin "
+        "token (default: the port after the last worker's; a free one with --port 0)",
+    )
     proxy.add_argument("--log-level", default="warning")
     proxy.set_defaults(func=_proxy)
 
@@ -103,30 +109,41 @@ def _proxy(args: argparse.Namespace) -> int:
 
 def _serve_workers(args: argparse.Namespace, config: Any, stop: threading.Event, *, random_token: bool) -> int:
     """Serve the proxy as ``config.worker_count()`` worker processes until ``stop``."""
+    from nemo_polar.proxy.http.admin import pool_admin_app
+    from nemo_polar.proxy.http.serve import BackgroundServer
     from nemo_polar.proxy.http.workers import ProxyWorkers
 
     workers = ProxyWorkers(
         config, host=args.host, port=args.port, admin_port=args.admin_port, api_key=args.api_key,
         log_level=args.log_level,
     )  # fmt: skip
+    pool_port = args.pool_port if args.pool_port is not None else (args.port + 2 * workers.count if args.port else 0)
     try:
         workers.start()
+        pool_api = BackgroundServer(pool_admin_app(workers.pool, config.admin_token), args.host, pool_port or None)
     except (OSError, RuntimeError) as exc:
+        workers.stop()
         raise SystemExit(f"polar proxy: {exc}") from None
     try:
-        _write_pool(args.pool_file, workers.pool.workers)  # before the addresses: a reader of them may read it
-        first, *others = workers.pool.workers  # worker 0 printed as a single proxy is: it answers as one
-        print(f"model API  {first.url}   (worker 0 of {workers.count}; harnesses)", flush=True)
-        print(f"admin API  {first.admin_url}   (worker 0: its sessions, records, pause/resume, metrics)", flush=True)
-        for i, w in enumerate(others, 1):
-            print(f"worker {i}   model API  {w.url}   admin API  {w.admin_url}", flush=True)
-        print("a session lives on the worker whose admin API opened it; weight sync: all (ProxyPool)", flush=True)
-        if random_token:
-            print(f"admin token {config.admin_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
-        _watch(workers, stop)
+        with pool_api:
+            _write_pool(args.pool_file, workers.pool.workers)  # before the addresses: a reader of them may read it
+            _say_workers(workers.pool.workers, pool_api.url, config.admin_token if random_token else None)
+            _watch(workers, stop)
     finally:
         workers.stop()
     return 0
+
+
+def _say_workers(workers: list[Any], pool_url: str, random_token: str | None) -> None:
+    first, *others = workers  # worker 0 printed as a single proxy is: it answers as one
+    print(f"model API  {first.url}   (worker 0 of {len(workers)}; harnesses)", flush=True)
+    print(f"admin API  {first.admin_url}   (worker 0: its sessions, records, pause/resume, metrics)", flush=True)
+    for i, w in enumerate(others, 1):
+        print(f"worker {i}   model API  {w.url}   admin API  {w.admin_url}", flush=True)
+    print("a session lives on the worker whose admin API opened it; weight sync: all (ProxyPool)", flush=True)
+    print(f"pool API   {pool_url}   (every worker's /metrics in one, labelled worker; /health)", flush=True)
+    if random_token:
+        print(f"admin token {random_token}   (random; pass --admin-token or $POLAR_ADMIN_TOKEN)", flush=True)
 
 
 def _watch(workers: Any, stop: threading.Event) -> None:

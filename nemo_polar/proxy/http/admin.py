@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nemo_polar.proxy.errors import ProxyError
 from nemo_polar.proxy.http.admission import AdmissionState
+from nemo_polar.proxy.http.pool import PoolError, PoolState, ProxyPool
 from nemo_polar.proxy.http.proxy import Proxy, handle_proxy_errors, settle_heap
 from nemo_polar.proxy.parse.family_parser import (
     release_parser_worker,
@@ -35,6 +36,38 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
+def admin_token_check(token: str) -> Callable[[Request], None]:
+    """The dependency every admin route has: the request carries ``token`` as its Bearer."""
+
+    def admin(request: Request) -> None:
+        if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+            raise ProxyError(401, "the admin API requires the admin token (Authorization: Bearer <token>)")
+
+    return admin
+
+
+def pool_admin_app(pool: ProxyPool, token: str) -> FastAPI:
+    """A pool's own admin listener (``polar proxy --workers``), behind the admin token: ``/metrics``, every worker's
+    metrics as one scrape (:meth:`ProxyPool.metrics`), and ``/health``, the workers' admission states
+    (:meth:`ProxyPool.health`; 503 naming a worker that does not answer)."""
+    check = Depends(admin_token_check(token))
+    app = FastAPI(title="nemo_polar proxy: pool API", dependencies=[check], openapi_url=None)
+    handle_proxy_errors(app)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(await asyncio.to_thread(pool.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health() -> PoolState:
+        try:
+            return await asyncio.to_thread(pool.health)
+        except PoolError as exc:
+            raise ProxyError(503, str(exc)) from None
+
+    return app
+
+
 def admin_app(proxy: Proxy) -> FastAPI:
     config = proxy.config
 
@@ -47,12 +80,11 @@ def admin_app(proxy: Proxy) -> FastAPI:
         await proxy.engine.aclose()
         await asyncio.to_thread(release_parser_worker, proxy.parser_worker)
 
-    def admin(request: Request) -> None:
-        if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {config.admin_token}"):
-            raise ProxyError(401, "the admin API requires the admin token (Authorization: Bearer <token>)")
-
     app = FastAPI(
-        title="nemo_polar proxy: admin API", lifespan=lifespan, dependencies=[Depends(admin)], openapi_url=None
+        title="nemo_polar proxy: admin API",
+        lifespan=lifespan,
+        dependencies=[Depends(admin_token_check(config.admin_token))],
+        openapi_url=None,
     )
     app.state.proxy = proxy
     handle_proxy_errors(app)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field, PrivateAttr
@@ -173,10 +173,26 @@ class ProxyPool(BaseModel):
 
     def metrics(self) -> str:
         """Every worker's Prometheus metrics as one exposition, each sample labelled ``worker="<index>"`` (sum by
-        the other labels for the node's figures)."""
+        the other labels for the node's figures), and ``polar_pool_worker_up{worker}``: 1 for a worker that answered,
+        0 for one retired or unreachable, whose samples are then absent. A scrape never fails for one dead worker:
+        ``up`` says which."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Labelled(self._each(lambda w: w.metrics())))
+        registry.register(_Labelled(self._scrape()))
         return generate_latest(registry).decode()
+
+    def _scrape(self) -> list[str | None]:
+        """Each worker's metrics text by worker index, None where it is retired or did not answer."""
+
+        def one(index: int, worker: ProxyClient) -> str | None:
+            if index in self.retired:
+                return None
+            try:
+                return worker.metrics()
+            except (ConnectionError, RuntimeError):
+                return None
+
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            return list(pool.map(one, range(len(self.workers)), self.workers))
 
     def total(self, sample: str, **labels: str) -> float:
         """A sample (``polar_calls_total``) summed over the workers, over the samples carrying ``labels``."""
@@ -190,17 +206,23 @@ class ProxyPool(BaseModel):
 
 
 class _Labelled(Collector):
-    """The workers' parsed metric families, merged by name, each sample labelled with its worker."""
+    """The workers' parsed metric families (by worker index; None: the worker did not answer), merged by name, each
+    sample labelled with its worker, and each worker's ``up``."""
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: list[str | None]) -> None:
         self.texts = texts
 
     def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "polar_pool_worker_up", "1: the worker answered this scrape; 0: retired or unreachable", labels=["worker"]
+        )
         merged: dict[str, Metric] = {}
         for index, text in enumerate(self.texts):
-            for family in text_string_to_metric_families(text):
+            up.add_metric([str(index)], 0.0 if text is None else 1.0)
+            for family in text_string_to_metric_families(text or ""):
                 into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
                 into.samples += [s._replace(labels={**s.labels, "worker": str(index)}) for s in family.samples]
+        yield up
         yield from merged.values()
 
 
