@@ -137,12 +137,14 @@ class Proxy:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cap:
             raise ProxyError(413, f"request body of {declared} bytes exceeds the proxy's limit of {cap} bytes")
-        data = bytearray()
+        chunks, size = [], 0
         async for chunk in request.stream():
-            data += chunk
-            if len(data) > cap:
+            size += len(chunk)
+            if size > cap:
                 raise ProxyError(413, f"request body exceeds the proxy's limit of {cap} bytes")
-        return bytes(data)
+            if chunk:  # the stream ends with an empty one
+                chunks.append(chunk)
+        return b"".join(chunks)  # one copy of a body that came in parts, none of one that came whole
 
     def decode_body(self, raw: bytes, encoding: str) -> bytes:
         encoding = encoding.lower()
