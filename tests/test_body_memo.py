@@ -262,3 +262,5 @@ def test_shared_starts_and_ends_are_found_as_a_walk_finds_them_for_texts_bytes_a
         for x, y in ((a, b), (a.encode(), b.encode()), (list(a), list(b))):
             assert common_prefix(x, y) == walk(x, y, len(x) + len(y), False)
             assert common_suffix(x, y, limit) == walk(x, y, limit, True)
+            known = rng.randrange(walk(x, y, len(x) + len(y), False) + 1)  # a part known to agree: only the rest read
+            assert common_prefix(x, y, known) == walk(x, y, len(x) + len(y), False)

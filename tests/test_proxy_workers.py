@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -158,6 +159,23 @@ def test_every_workers_records_read_as_one_store(node: Node) -> None:
     text = node.pool.metrics()
     assert 'worker="0"' in text and 'worker="1"' in text and "polar_calls_total{" in text
     assert 'polar_pool_worker_up{worker="0"} 1.0' in text and 'polar_pool_worker_up{worker="1"} 1.0' in text
+
+
+def test_a_hung_worker_is_reported_down_within_the_scrape_timeout(node: Node) -> None:
+    """A worker that stops answering (stopped, not dead: its port still accepts) does not hold the pool's scrape for
+    the admin client's 30 s: after ``scrape_timeout_s`` it is reported down and its samples left out."""
+    pid = node.pool.workers[1].health()["pid"]
+    pool = node.pool.model_copy(update={"scrape_timeout_s": 1.0})
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        text = pool.metrics()
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert 'polar_pool_worker_up{worker="1"} 0.0' in text and 'outcome="completed",worker="1"' not in text
+    assert took < 15, took  # the old wait was the client's 30 s
+    assert 'polar_pool_worker_up{worker="1"} 1.0' in node.pool.metrics()  # answering again once continued
 
 
 def test_worker_ports_and_bad_counts() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import itertools
 import json
 import random
@@ -220,10 +221,25 @@ def test_a_request_s_text_written_from_the_one_before_is_the_standard_library_s(
     ]
     before = None
     for request in steps:
-        before = written_text(request, before)
-        assert before.text == request_text(request)
+        written = written_text(request, before)
+        assert written.text == request_text(request)
+        # what it says it shares with the text before (known from what it reused, not compared) is that text's, and
+        # its digest, hashed on from the one before's where it shares what that one hashed, is the whole text's
+        assert before is None or written.text[: written.same] == before.text[: written.same]
+        assert written.digest(before) == hashlib.sha256(written.text.encode()).hexdigest()
+        before = written
     # what agreed was taken, not written again: the same tools' text, the history's text extended
     first = written_text(steps[0])
     second = written_text(steps[1], first)
     assert second.fields["tools"].text is first.fields["tools"].text
     assert second.fields["messages"].text.startswith(first.fields["messages"].text[:-1])
+    # the history extended: the text is known to be the first's up to where its messages ended, and the digest's
+    # running hash goes on from there (what it hashes is the new message and what follows the list)
+    first.digest(None)
+    assert second.same == first.item_ends[0] < second.item_ends[0]
+    assert second.digest(first) == hashlib.sha256(second.text.encode()).hexdigest()
+    # its running hash is kept where the first's messages ended (hashed on from), then where each of its lists end
+    assert second._marks[0][1] is first._marks[0][1] and [n for n, _ in second._marks] == [
+        first.item_ends[0],
+        *second.item_ends,
+    ]

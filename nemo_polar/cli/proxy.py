@@ -111,16 +111,16 @@ def _serve_workers(args: argparse.Namespace, config: Any, stop: threading.Event,
     """Serve the proxy as ``config.worker_count()`` worker processes until ``stop``."""
     from nemo_polar.proxy.http.admin import pool_admin_app
     from nemo_polar.proxy.http.serve import BackgroundServer
-    from nemo_polar.proxy.http.workers import ProxyWorkers
+    from nemo_polar.proxy.http.workers import ProxyWorkers, pool_port
 
     workers = ProxyWorkers(
         config, host=args.host, port=args.port, admin_port=args.admin_port, api_key=args.api_key,
         log_level=args.log_level,
     )  # fmt: skip
-    pool_port = args.pool_port if args.pool_port is not None else (args.port + 2 * workers.count if args.port else 0)
+    pool_at = args.pool_port if args.pool_port is not None else pool_port(workers.count, args.port)
     try:
         workers.start()
-        pool_api = BackgroundServer(pool_admin_app(workers.pool, config.admin_token), args.host, pool_port or None)
+        pool_api = BackgroundServer(pool_admin_app(workers.pool, config.admin_token), args.host, pool_at or None)
     except (OSError, RuntimeError) as exc:
         workers.stop()
         raise SystemExit(f"polar proxy: {exc}") from None

@@ -61,9 +61,9 @@ class ProxyClient(BaseModel):
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         return self._request(method, path, **kw).json()
 
-    def metrics(self) -> str:
+    def metrics(self, timeout_s: float = 30) -> str:
         """The proxy's Prometheus metrics, in the text format."""
-        return self._request("GET", "/metrics").text
+        return self._request("GET", "/metrics", timeout=timeout_s).text
 
     def create_session(self, config: dict[str, Any]) -> tuple[str, str]:
         made = self._call("POST", "/polar/sessions", json=config)

@@ -78,6 +78,12 @@ class ProxyPool(BaseModel):
         description="workers taken out (dead, :meth:`retire`): given no new session and no admin operation; their "
         "sessions' answered records are read from record_dir",
     )
+    scrape_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a metrics scrape waits for each worker: a hung one is then reported down, and the "
+        "scrape answers within a Prometheus scrape's timeout (10 s by default)",
+    )
     _turn: int = PrivateAttr(default=0)  # racing threads may both take one worker: no harm, so no lock to pickle
 
     @property
@@ -174,8 +180,8 @@ class ProxyPool(BaseModel):
     def metrics(self) -> str:
         """Every worker's Prometheus metrics as one exposition, each sample labelled ``worker="<index>"`` (sum by
         the other labels for the node's figures), and ``polar_pool_worker_up{worker}``: 1 for a worker that answered,
-        0 for one retired or unreachable, whose samples are then absent. A scrape never fails for one dead worker:
-        ``up`` says which."""
+        0 for one retired, unreachable or not answering within ``scrape_timeout_s``, whose samples are then absent. A
+        scrape never fails for one dead or hung worker: ``up`` says which."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Labelled(self._scrape()))
         return generate_latest(registry).decode()
@@ -187,7 +193,7 @@ class ProxyPool(BaseModel):
             if index in self.retired:
                 return None
             try:
-                return worker.metrics()
+                return worker.metrics(self.scrape_timeout_s)
             except (ConnectionError, RuntimeError):
                 return None
 

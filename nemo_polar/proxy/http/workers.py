@@ -48,6 +48,12 @@ def worker_ports(count: int, port: int | None, admin_port: int | None) -> list[t
     return [(port, admin_port or port + 1), *((port + 2 * i, port + 2 * i + 1) for i in range(1, count))]
 
 
+def pool_port(count: int, port: int | None) -> int | None:
+    """The pool's own admin API's port: the one after the last worker's (``worker_ports``); a free one when ``port``
+    is None or 0."""
+    return port + 2 * count if port else None
+
+
 class ProxyWorkers:
     """``count`` proxy worker processes over one config and record directory; a context manager that returns once
     every worker serves (:attr:`pool` addresses them) and stops them all on exit."""

@@ -37,12 +37,13 @@ def _equal(a: Sequence[Any], b: Sequence[Any], start: int, end: int) -> bool:
     return a[start:end] == b[start:end]
 
 
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``."""
+def common_prefix(a: Sequence[Any], b: Sequence[Any], known: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, of which the first ``known`` items are known to agree
+    (only the items after them are compared)."""
     hi = min(len(a), len(b))
-    if _head_equal(a, b, hi):
+    if _head_equal(a, b, hi) if not known else _equal(a, b, min(known, hi), hi):
         return hi
-    lo = 0  # a[:lo] == b[:lo] holds; a[:hi] != b[:hi]
+    lo = min(known, hi)  # a[:lo] == b[:lo] holds; a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if _equal(a, b, lo, mid):

@@ -284,10 +284,10 @@ def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _request_delta(text: str, digest: str, before: str, parent: CallRecord) -> RequestDelta | None:
+def _request_delta(text: str, digest: str, before: str, parent: CallRecord, same: int = 0) -> RequestDelta | None:
     """``text`` (a request text, ``digest`` its ``_text_digest``) as a delta of ``before``, the request text written
-    for ``parent``."""
-    prefix = common_prefix(before, text)
+    for ``parent``, whose first ``same`` characters are known to be ``text``'s."""
+    prefix = common_prefix(before, text, same)
     suffix = common_suffix(before, text, min(len(before), len(text)) - prefix)
     if prefix + suffix < MIN_REQUEST_SHARED:
         return None
@@ -337,11 +337,12 @@ class RecordWriter:
         extend them."""
         parent = self._written.get(record.parent_call_id or "")
         self._written[record.call_id] = record
-        text = None
+        text, same = None, 0
         if record.request is not None:
-            written = written_text(record.request, self._texts.get(record.parent_call_id or ""))
-            text = written.text
-            self._request_digests[record.call_id] = digest = _text_digest(text)
+            earlier = self._texts.get(record.parent_call_id or "")
+            written = written_text(record.request, earlier)
+            text, same = written.text, written.same
+            self._request_digests[record.call_id] = digest = written.digest(earlier)
             self._texts.put(record.call_id, written)
         stored: dict[str, BaseModel] = {}
         prompt, running = _prompt_delta(record, parent, self._digests) if parent else (None, None)
@@ -351,7 +352,11 @@ class RecordWriter:
             if prompt is not None:
                 stored["prompt_from"] = prompt
             before = self._parent_text(parent)
-            if text is not None and before is not None and (request := _request_delta(text, digest, before, parent)):
+            if (
+                text is not None
+                and before is not None
+                and (request := _request_delta(text, digest, before, parent, same))
+            ):
                 stored["request_from"] = request
         if not stored:
             return record.model_dump_json() + "\n"

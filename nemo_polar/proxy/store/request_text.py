@@ -12,6 +12,7 @@ items'."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ class _Field:
     text: str
     ends: list[int] | None = None
     data: bytes | None = None
+    same: int = 0  # how many of the text's first characters are the earlier field's, known from what was reused
 
     def json(self) -> bytes:
         if self.data is None:
@@ -44,10 +46,31 @@ class _Field:
 
 @dataclass
 class WrittenText:
-    """A request's text, and its top-level fields (what the next request's text is written from)."""
+    """A request's text, and its top-level fields (what the next request's text is written from). ``same``: how many
+    of the text's first characters are the earlier request's, known from the fields it reused (nothing compared);
+    ``item_ends``: where each list field's items end in the text, where its digest's running hash is kept for the
+    next request's (a harness's history list, extended, is hashed on from there)."""
 
     text: str
     fields: dict[str, _Field] = field(default_factory=dict)
+    same: int = 0
+    item_ends: list[int] = field(default_factory=list)
+    _marks: list[tuple[int, Any]] = field(default_factory=list)  # (n, sha256 of text[:n]) at some of item_ends
+
+    def digest(self, before: WrittenText | None) -> str:
+        """The sha256 of the text's UTF-8 bytes (hex), hashed on from ``before``'s running hash at the last of its
+        marks within the part of the text that is ``before``'s: the work is what was added."""
+        kept = [mark for mark in before._marks if mark[0] <= self.same] if before is not None else []
+        at, head = kept[-1] if kept else (0, hashlib.sha256())
+        head = head.copy()  # a kept state is never updated: the next request may go on from it too
+        self._marks = kept
+        for end in self.item_ends:
+            if end > at:
+                head.update(self.text[at:end].encode())
+                self._marks.append((end, head.copy()))
+                at = end
+        head.update(self.text[at:].encode())
+        return head.hexdigest()
 
 
 def _list_text(value: list[Any], seen: _Field | None = None, shared: int = 0) -> _Field:
@@ -61,7 +84,7 @@ def _list_text(value: list[Any], seen: _Field | None = None, shared: int = 0) ->
         parts.append(part)
         at += len(part)
         ends.append(at)
-    return _Field(value, "".join(parts) + "]", ends)
+    return _Field(value, "".join(parts) + "]", ends, same=len(head) if seen is not None else 0)
 
 
 def _field_text(value: Any, seen: _Field | None) -> _Field:
@@ -74,12 +97,14 @@ def _field_text(value: Any, seen: _Field | None) -> _Field:
         if not shared and json_list_extends(data := fastjson.dumps(value), seen.json()):
             shared = len(seen.value)
         if shared == len(seen.value) == len(value):
-            return _Field(value, seen.text, seen.ends, data or seen.data)
+            return _Field(value, seen.text, seen.ends, data or seen.data, len(seen.text))
         return _list_text(value, seen, shared)
     if isinstance(value, list):
         return _list_text(value)
     data = fastjson.dumps(value)
-    return _Field(value, seen.text if seen is not None and data == seen.json() else request_text(value), data=data)
+    if seen is not None and data == seen.json():
+        return _Field(value, seen.text, data=data, same=len(seen.text))
+    return _Field(value, request_text(value), data=data)
 
 
 def written_text(request: Any, before: WrittenText | None = None) -> WrittenText:
@@ -87,5 +112,19 @@ def written_text(request: Any, before: WrittenText | None = None) -> WrittenText
     if not isinstance(request, dict) or not all(isinstance(k, str) for k in request):
         return WrittenText(request_text(request))
     fields = {key: _field_text(value, before.fields.get(key) if before else None) for key, value in request.items()}
-    text = "{" + ",".join(request_text(key) + ":" + fields[key].text for key in request) + "}"
-    return WrittenText(text, fields)
+    parts, item_ends = [], []  # each field's "key:value" text; where each list field's items end
+    at, same, agreeing = 1, 0, before is not None  # after the "{"
+    prior = iter(before.fields if before is not None else ())
+    for key, f in fields.items():
+        head = request_text(key) + ":"
+        start = at + len(head)
+        if agreeing and next(prior, None) == key:  # the same key in the same place: its value's same part too
+            same = start + f.same
+            agreeing = f.same == len(f.text) == len(before.fields[key].text)  # type: ignore[union-attr]
+        else:
+            agreeing = False
+        if f.ends:
+            item_ends.append(start + f.ends[-1])
+        parts.append(head + f.text)
+        at += len(head) + len(f.text) + 1  # the "," after it
+    return WrittenText("{" + ",".join(parts) + "}", fields, same, item_ends)
