@@ -5,8 +5,10 @@ right after a turn boundary — for each offline model's real tokenizer and chat
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -33,6 +35,31 @@ def test_incremental_ids_equal_the_full_tokenization(model: str) -> None:
             grow(rng, messages, turn)
     tails = sum(h.startswith("tail:") for h in hows)
     assert hows[0] == "full:first" and tails >= len(hows) - 3 * 2, hows  # all but each session's first call(s)
+
+
+def test_where_no_core_is_spare_a_render_that_extends_the_last_runs_on_the_loop() -> None:
+    """``appends_in_thread`` off (ProxyConfig.helper_threads): a session's first render runs in a thread (a whole
+    history), each that extends the last on the event loop's own thread; the ids are the same either way."""
+    local, threads = renderer(MODELS[0]), []
+    render_sync = local.render_sync
+
+    def traced(*args: Any) -> list[int]:
+        threads.append(threading.get_ident())
+        return render_sync(*args)
+
+    async def session(in_thread: bool) -> list[list[int]]:
+        local.appends_in_thread, threads[:] = in_thread, []
+        _, rng, cache, messages = next(sessions(1))
+        rendered = []
+        for turn in range(6):
+            rendered.append(await local.render(messages, None, {}, cache))
+            grow(rng, messages, turn)
+        loop_thread = threading.get_ident()
+        assert threads[0] != loop_thread and all((t == loop_thread) != in_thread for t in threads[1:]), in_thread
+        return rendered
+
+    local.render_sync = traced  # type: ignore[method-assign]
+    assert asyncio.run(session(False)) == asyncio.run(session(True))
 
 
 def test_a_cut_is_never_made_where_it_cannot_be_proven() -> None:

@@ -178,6 +178,19 @@ def test_a_hung_worker_is_reported_down_within_the_scrape_timeout(node: Node) ->
     assert 'polar_pool_worker_up{worker="1"} 1.0' in node.pool.metrics()  # answering again once continued
 
 
+def test_helper_threads_where_the_cores_outnumber_the_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's render and record line go to threads only where a core is spare for them: with 2 cores, one
+    proxy (or a pool of one) uses them, a worker of a pool of 2 does not; a set value wins."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    config = ProxyConfig(engine_url="http://127.0.0.1:9")
+    assert config.uses_helper_threads()  # one process on 2 cores
+    assert config.model_copy(update={"workers": 4}).uses_helper_threads()  # not a worker: this process is the one
+    assert config.model_copy(update={"worker": 0, "workers": 1}).uses_helper_threads()
+    assert not config.model_copy(update={"worker": 1, "workers": 2}).uses_helper_threads()
+    assert config.model_copy(update={"worker": 1, "workers": 2, "helper_threads": True}).uses_helper_threads()
+    assert not config.model_copy(update={"helper_threads": False}).uses_helper_threads()
+
+
 def test_worker_ports_and_bad_counts() -> None:
     assert worker_ports(3, 8100, None) == [(8100, 8101), (8102, 8103), (8104, 8105)]
     assert worker_ports(2, None, None) == [(None, None), (None, None)]

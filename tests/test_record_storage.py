@@ -101,6 +101,23 @@ def test_records_are_stored_as_deltas_and_read_back_whole(tmp_path: Path) -> Non
     assert stored < full / 10  # 60 calls: the full records repeat the context ~30 times
 
 
+def test_a_line_built_on_the_loop_is_the_line_built_in_a_thread(tmp_path: Path) -> None:
+    """Where no core is spare (ProxyConfig.helper_threads off) the record's line is built on the event loop, only
+    the write and fsync in a thread: the same file either way."""
+    records = grown_session(8, 40)
+    files = []
+    for in_thread in (True, False):
+        writer = RecordWriter(tmp_path / f"{in_thread}.jsonl", line_in_thread=in_thread)
+
+        async def go(writer: RecordWriter = writer) -> None:
+            for rec in records:
+                await writer.append(rec)
+
+        asyncio.run(go())
+        files.append((tmp_path / f"{in_thread}.jsonl").read_bytes())
+    assert files[0] == files[1] and files[0].count(b"\n") == len(records)
+
+
 def test_only_what_extends_is_stored_as_a_delta(tmp_path: Path) -> None:
     """A prompt that keeps the parent's prompt but not its sampled ids (the history re-rendered) keeps only the
     prompt; one that shares nothing, or names no written parent, is stored whole."""

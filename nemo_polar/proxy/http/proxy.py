@@ -56,7 +56,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.sessions = SessionStore(config.record_dir, worker=config.worker)
+        self.sessions = SessionStore(
+            config.record_dir, worker=config.worker, lines_in_thread=config.uses_helper_threads()
+        )
         self.engine = EngineClient(config.engine_url, eot_token=config.eot_token, served_model=config.served_model)
         self.renderer: Renderer = EngineRenderer(self.engine)
         self.admission = MeteredAdmission(config.policy_version)
@@ -112,6 +114,7 @@ class Proxy:
             self._local_probe = None
             return
         if local is not None:
+            local.appends_in_thread = self.config.uses_helper_threads()
             self.renderer = local
             if self.config.freeze_heap:
                 settle_heap()  # the tokenizer's objects are long-lived too

@@ -180,6 +180,10 @@ def preload_tokenizers() -> bool:
 
 class LocalRenderer:
     name = "local"
+    # A render runs in a thread, beside the event loop (its tokenizer works outside the interpreter lock), but one
+    # that extends the session's last render (``cache``: what the call adds is rendered, ~1 ms) runs on the loop
+    # where no core is spare for the thread (ProxyConfig.helper_threads): there each hand-off waits for a core.
+    appends_in_thread = True
 
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoTokenizer  # imported here: only needed when the engine's files are local
@@ -271,6 +275,8 @@ class LocalRenderer:
         cache: TokenCache | None = None,
     ) -> list[int]:
         try:
+            if cache is not None and cache.text and not self.appends_in_thread:
+                return self.render_sync(messages, tools, kwargs, cache)
             return await asyncio.to_thread(self.render_sync, messages, tools, kwargs, cache)
         except Exception as exc:  # whatever the template raises for this input: a 400, as vLLM answers it
             raise template_refused(exc) from None

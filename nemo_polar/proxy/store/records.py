@@ -322,8 +322,9 @@ _DISK = ThreadPoolExecutor(max_workers=32, thread_name_prefix="polar-records")
 class RecordWriter:
     """Append-only JSONL writer for one session; every append is flushed and fsync'd."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, line_in_thread: bool = True) -> None:
         self.path = path
+        self.line_in_thread = line_in_thread  # the line built beside the loop (ProxyConfig.helper_threads)
         self._lock = asyncio.Lock()
         self._written: dict[str, CallRecord] = {}  # by call id: what a later prompt may be stored against
         self._request_digests: dict[str, str] = {}  # by call id: the digest of the request text written for it
@@ -391,9 +392,13 @@ class RecordWriter:
     async def append(self, record: CallRecord) -> None:
         if self.path is None:
             return
-        async with self._lock:  # serialising (linear in the request) and the fsync both run off the event loop
+        async with self._lock:  # the fsync runs off the event loop; the line too where a core is spare
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(_DISK, lambda: self._append_sync(self.line(record)))
+            if not self.line_in_thread:
+                line = self.line(record)
+                await loop.run_in_executor(_DISK, lambda: self._append_sync(line))
+            else:
+                await loop.run_in_executor(_DISK, lambda: self._append_sync(self.line(record)))
 
 
 class RecordError(ValueError):

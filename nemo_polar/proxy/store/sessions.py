@@ -333,12 +333,15 @@ class SessionStore:
     ``worker`` (a proxy worker process's index in a pool, 0-255) is written as the first byte of every session id
     this store makes, so any holder of a session id knows which worker holds the session (:func:`worker_of`)."""
 
-    def __init__(self, record_dir: Path | None, *, keep_closed: int = 32, worker: int | None = None) -> None:
+    def __init__(
+        self, record_dir: Path | None, *, keep_closed: int = 32, worker: int | None = None, lines_in_thread: bool = True
+    ) -> None:
         if worker is not None and not 0 <= worker < 256:
             raise ValueError(f"a worker index is 0-255, got {worker}")
         self.record_dir = record_dir
         self.keep_closed = keep_closed
         self.worker = worker
+        self.lines_in_thread = lines_in_thread  # RecordWriter.line_in_thread of every session's writer
         self.created = 0  # sessions ever created here (/health and the polar_sessions gauge)
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
@@ -351,7 +354,7 @@ class SessionStore:
         key = api_key or f"polar-{secrets.token_urlsafe(24)}"
         if key in self._by_key:
             raise ValueError("api_key already belongs to a session")
-        session = Session(session_id, key, config, RecordWriter(self._path(session_id)))
+        session = Session(session_id, key, config, RecordWriter(self._path(session_id), self.lines_in_thread))
         self._by_id[session_id] = session
         self._by_key[key] = session
         self.created += 1
