@@ -181,8 +181,9 @@ def preload_tokenizers() -> bool:
 class LocalRenderer:
     name = "local"
     # A render runs in a thread, beside the event loop (its tokenizer works outside the interpreter lock), but one
-    # that extends the session's last render (``cache``: what the call adds is rendered, ~1 ms) runs on the loop
-    # where no core is spare for the thread (ProxyConfig.helper_threads): there each hand-off waits for a core.
+    # after the session's first (``cache`` holds the last: what the call adds is rendered, ~1 ms) runs on the loop
+    # where no core is spare for the thread (ProxyConfig.helper_threads): there each hand-off waits for a core. A
+    # history the harness rewrote then renders whole on the loop: rare, and the cost of not handing off the rest.
     appends_in_thread = True
 
     def __init__(self, model_dir: Path) -> None:
